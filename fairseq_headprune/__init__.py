@@ -1,0 +1,15 @@
+"""fairseq-headprune: find, remove and explain the attention heads a Transformer needs.
+
+Implements Voita et al. 2019, "Analyzing Multi-Head Self-Attention: Specialized Heads Do
+the Heavy Lifting, the Rest Can Be Pruned" (ACL 2019) as a fairseq ``--user-dir`` plugin.
+"""
+
+# Modules that register fairseq components (imported for their side effects).
+from fairseq_headprune import (
+    gated_transformer,  # noqa: F401  model + arch presets
+    l0_criterion,  # noqa: F401  label_smoothed_cross_entropy_l0
+)
+from fairseq_headprune.checkpoint_safety import allow_fairseq_checkpoints
+
+# fairseq checkpoints load under torch >= 2.6's weights_only=True default.
+allow_fairseq_checkpoints()

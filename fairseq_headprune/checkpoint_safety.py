@@ -1,0 +1,61 @@
+"""Let fairseq load its own checkpoints under torch >= 2.6's safe ``torch.load``.
+
+Since torch 2.6 ``torch.load`` defaults to ``weights_only=True`` and refuses any pickled
+class that is not allow-listed. fairseq 0.12 checkpoints hold a few such classes besides
+tensors (the argparse ``Namespace`` of the model config; in distributed training the loaded
+state, whose config is then an omegaconf ``DictConfig``, is re-pickled and broadcast), so
+stock ``fairseq-generate``, ``fairseq-validate``, ``fairseq-interactive`` and
+``fairseq-train --restore-file`` fail on them. Importing this plugin allow-lists exactly
+those classes: safe loading stays on for everything else, no environment variable needed.
+
+Supports the tools of Voita et al. 2019 ("Analyzing Multi-Head Self-Attention: Specialized
+Heads Do the Heavy Lifting, the Rest Can Be Pruned"), which all start from a checkpoint.
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import typing
+
+import numpy as np
+import torch
+from fairseq.distributed.utils import _TensorPlaceholder
+from omegaconf import DictConfig, ListConfig
+from omegaconf.base import ContainerMetadata, Metadata
+from omegaconf.nodes import AnyNode, BooleanNode, FloatNode, IntegerNode, StringNode
+
+# Every non-tensor class found in checkpoints written by fairseq 0.12 translation training
+# and in the state it broadcasts to other ranks (tests/test_checkpoint_safety.py checks them
+# with torch.serialization's own inspector).
+FAIRSEQ_CHECKPOINT_GLOBALS: list = [
+    argparse.Namespace,
+    # an omegaconf config as fairseq holds it in memory
+    DictConfig,
+    ListConfig,
+    ContainerMetadata,
+    Metadata,
+    AnyNode,
+    StringNode,
+    IntegerNode,
+    FloatNode,
+    BooleanNode,
+    typing.Any,
+    dict,
+    list,
+    int,
+    collections.defaultdict,
+    # fairseq.distributed.utils.broadcast_object sends tensors apart, leaving placeholders
+    _TensorPlaceholder,
+    # numpy scalars and their dtypes, in case a meter or metric was saved as one.
+    getattr(np, "_core", getattr(np, "core", None)).multiarray.scalar,
+    np.dtype,
+    *{type(np.dtype(t)) for t in (np.float16, np.float32, np.float64, np.int32, np.int64)},
+]
+
+
+def allow_fairseq_checkpoints() -> None:
+    """Allow-list the classes of fairseq checkpoints for ``torch.load(weights_only=True)``."""
+    add = getattr(torch.serialization, "add_safe_globals", None)
+    if add is not None:  # torch < 2.4 loads everything anyway
+        add(FAIRSEQ_CHECKPOINT_GLOBALS)

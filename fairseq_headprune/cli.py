@@ -1,0 +1,93 @@
+"""``fairseq-headprune``: inspect, score, export and benchmark pruned heads.
+
+Tools around Voita et al. 2019 ("Analyzing Multi-Head Self-Attention: Specialized Heads Do
+the Heavy Lifting, the Rest Can Be Pruned", ACL 2019). Subcommands:
+
+- ``gates CHECKPOINT [--json]``: P(open) and the deterministic gate of every head.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from collections import defaultdict
+
+import torch
+
+from fairseq_headprune.checkpoint_io import load_checkpoint, model_args
+from fairseq_headprune.gated_transformer import GATE_KEY, SITES, site_of
+from fairseq_headprune.hard_concrete import HardConcreteGate
+
+
+def gate_table(state: dict) -> dict:
+    """Per attention type: P(open) and deterministic gate (layers × heads), open counts."""
+    args = model_args(state)
+    rows: dict[str, dict[int, HardConcreteGate]] = defaultdict(dict)
+    for key, theta in state["model"].items():
+        if not key.endswith(GATE_KEY):
+            continue
+        gate = HardConcreteGate(
+            theta.numel(),
+            temperature=args.head_gate_temperature,
+            stretch=(args.head_gate_stretch_low, args.head_gate_stretch_high),
+            lr_scale=getattr(args, "head_gate_lr_scale", 1.0),
+        )
+        gate.theta.data.copy_(theta)
+        layer = int(key.split(".layers.")[1].split(".")[0])
+        rows[site_of(key)][layer] = gate
+    table: dict = {"sites": {}, "open": 0, "total": 0}
+    with torch.no_grad():
+        for site in (s for s in SITES if s in rows):
+            gates = [rows[site][i] for i in sorted(rows[site])]
+            prob = [g.prob_open().tolist() for g in gates]
+            det = [g.deterministic().tolist() for g in gates]
+            n_open = sum(v > 0 for layer in det for v in layer)
+            total = sum(len(layer) for layer in det)
+            table["sites"][site] = {"prob_open": prob, "gate": det, "open": n_open, "total": total}
+            table["open"] += n_open
+            table["total"] += total
+    return table
+
+
+def format_gate_table(table: dict) -> str:
+    lines = []
+    for site, t in table["sites"].items():
+        n_heads = len(t["gate"][0])
+        lines.append(f"{site}: {t['open']}/{t['total']} heads open  (cell: P(open) / gate)")
+        lines.append("layer " + "".join(f"{'head ' + str(h):>13}" for h in range(n_heads)))
+        for i, (prob, det) in enumerate(zip(t["prob_open"], t["gate"])):
+            lines.append(f"{i:>5} " + "".join(f"{p:>7.3f}/{g:<5.2f}" for p, g in zip(prob, det)))
+        lines.append("")
+    lines.append(f"total: {table['open']}/{table['total']} heads open")
+    return "\n".join(lines)
+
+
+def cmd_gates(args: argparse.Namespace) -> None:
+    state = load_checkpoint(args.checkpoint)
+    table = gate_table(state)
+    if not table["sites"]:
+        raise SystemExit(f"error: {args.checkpoint} has no head gates (not a gated_transformer)")
+    print(json.dumps(table, indent=1) if args.json else format_gate_table(table))
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="fairseq-headprune", description=__doc__.split("\n")[0])
+    sub = parser.add_subparsers(dest="command", required=True)
+    p = sub.add_parser("gates", help="show every head's P(open) and deterministic gate")
+    p.add_argument("checkpoint", help="a gated_transformer checkpoint")
+    p.add_argument("--json", action="store_true", help="print JSON instead of a table")
+    p.set_defaults(func=cmd_gates)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = build_parser().parse_args(argv)
+    try:
+        args.func(args)
+    except (FileNotFoundError, FileExistsError, ValueError) as e:
+        raise SystemExit(f"error: {e}") from e
+
+
+if __name__ == "__main__":
+    sys.exit(main())

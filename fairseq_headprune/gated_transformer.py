@@ -1,0 +1,263 @@
+"""``gated_transformer``: fairseq's transformer with a Hard Concrete gate on every head.
+
+Implements the model of Voita et al. 2019 ("Analyzing Multi-Head Self-Attention:
+Specialized Heads Do the Heavy Lifting, the Rest Can Be Pruned", ACL 2019, section 6):
+the stock transformer of Vaswani et al. 2017 whose heads in encoder self-attention
+(``enc-self``), decoder self-attention (``dec-self``) and encoder-decoder attention
+(``dec-enc``) each get a stochastic gate (Louizos et al. 2018). With ``--freeze-decoder``
+only the encoder (and any gates) train: Voita's encoder-only pruning protocol, under which
+head functions cannot migrate to the decoder.
+
+The model is the stock ``TransformerModel`` (every ``--arch transformer*`` flag and preset
+works) with gates installed at the seam described in ``gated_attention``. A converged stock
+checkpoint loads into it (``--finetune-from-model`` or ``--restore-file`` with the
+``--reset-*`` flags): the missing gates are created open.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterator
+
+import torch
+from fairseq.models import register_model, register_model_architecture
+from fairseq.models.transformer import TransformerModel
+from fairseq.models.transformer.transformer_legacy import (
+    base_architecture,
+    transformer_iwslt_de_en,
+    transformer_vaswani_wmt_en_de_big,
+    transformer_wmt_en_de,
+)
+from fairseq.modules import MultiheadAttention
+from torch import nn
+
+from fairseq_headprune.gated_attention import HeadGate, install_head_gate
+from fairseq_headprune.hard_concrete import (
+    DEFAULT_INIT_LOG_ALPHA,
+    DEFAULT_STRETCH,
+    DEFAULT_TEMPERATURE,
+    check_gate_hparams,
+)
+
+logger = logging.getLogger(__name__)
+
+SITES = ("enc-self", "dec-self", "dec-enc")
+DEFAULT_SITES = ",".join(SITES)
+GATE_KEY = "head_gate.theta"
+
+
+def parse_sites(value: str | None, flag: str = "--head-gates") -> tuple[str, ...]:
+    """``"enc-self,dec-enc"`` → ``("enc-self", "dec-enc")`` in canonical order; ``none`` → ()."""
+    if value is None or value.strip().lower() in ("", "none"):
+        return ()
+    names = [s.strip() for s in value.split(",") if s.strip()]
+    unknown = [s for s in names if s not in SITES]
+    if unknown:
+        raise ValueError(f"{flag}: unknown attention type(s) {unknown}; choose from {list(SITES)}")
+    return tuple(s for s in SITES if s in names)
+
+
+def attention_modules(model: nn.Module) -> Iterator[tuple[str, int, MultiheadAttention]]:
+    """Yield ``(site, layer index, attention module)`` for every attention of a transformer."""
+    for i, layer in enumerate(model.encoder.layers):
+        yield "enc-self", i, layer.self_attn
+    for i, layer in enumerate(model.decoder.layers):
+        yield "dec-self", i, layer.self_attn
+        if getattr(layer, "encoder_attn", None) is not None:
+            yield "dec-enc", i, layer.encoder_attn
+
+
+def head_gates(model: nn.Module) -> Iterator[tuple[str, int, HeadGate]]:
+    """Yield ``(site, layer index, gate)`` for every gated attention module."""
+    for site, i, attn in attention_modules(model):
+        gate = getattr(attn, "head_gate", None)
+        if gate is not None:
+            yield site, i, gate
+
+
+def site_of(name: str) -> str:
+    """The attention type of a parameter or module name (``encoder.layers.0.self_attn…``)."""
+    if ".encoder.layers." in "." + name:
+        return "enc-self"
+    return "dec-enc" if ".encoder_attn." in name else "dec-self"
+
+
+def gates_by_name(model: nn.Module) -> Iterator[tuple[str, HeadGate]]:
+    """Yield ``(module name, gate)`` for every head gate, through any DDP wrapper."""
+    for name, module in model.named_modules():
+        if isinstance(module, HeadGate):
+            yield name, module
+
+
+def _module_key(model: nn.Module, module: nn.Module) -> str:
+    for name, m in model.named_modules():
+        if m is module:
+            return name
+    raise KeyError("module not found in model")
+
+
+@register_model("gated_transformer")
+class GatedTransformerModel(TransformerModel):
+    """Transformer with per-head Hard Concrete gates (Voita et al. 2019)."""
+
+    @staticmethod
+    def add_args(parser):
+        TransformerModel.add_args(parser)
+        # fmt: off
+        parser.add_argument("--head-gates", type=str, metavar="SITES",
+                            help="comma list of attention types whose heads get a gate: "
+                                 f"{', '.join(SITES)}, or 'none' (default: {DEFAULT_SITES})")
+        parser.add_argument("--head-gate-temperature", type=float, metavar="T",
+                            help="Hard Concrete temperature β (default: "
+                                 f"{DEFAULT_TEMPERATURE}, as in Voita et al.)")
+        parser.add_argument("--head-gate-stretch-low", type=float, metavar="L",
+                            help=f"stretch interval lower end l < 0 (default: {DEFAULT_STRETCH[0]})")  # noqa: E501
+        parser.add_argument("--head-gate-stretch-high", type=float, metavar="R",
+                            help=f"stretch interval upper end r > 1 (default: {DEFAULT_STRETCH[1]})")  # noqa: E501
+        parser.add_argument("--head-gate-init-log-alpha", type=float, metavar="A",
+                            help="initial log α of new gates; the default "
+                                 f"{DEFAULT_INIT_LOG_ALPHA} starts them fully open in evaluation")
+        parser.add_argument("--head-gate-lr-scale", type=float, metavar="K",
+                            help="gates move K times faster than the weights under Adam "
+                                 "(log α = K·θ, θ the trained parameter; default: 1)")
+        parser.add_argument("--freeze-decoder", action="store_true",
+                            help="do not update decoder parameters (gates placed in the decoder "
+                                 "still train): Voita et al.'s encoder-only pruning protocol. "
+                                 "Shared embeddings count as decoder parameters and stay frozen")
+        parser.add_argument("--train-shared-embeddings", action="store_true",
+                            help="with --freeze-decoder and --share-all-embeddings, keep training "
+                                 "the token embeddings shared by encoder and decoder")
+        # fmt: on
+
+    @classmethod
+    def build_model(cls, args, task):
+        _gate_defaults(args)
+        sites = parse_sites(args.head_gates)
+        stretch = (args.head_gate_stretch_low, args.head_gate_stretch_high)
+        check_gate_hparams(args.head_gate_temperature, stretch)
+        if args.freeze_decoder and "enc-self" not in sites:
+            raise ValueError(
+                "--freeze-decoder prunes the encoder only, but --head-gates "
+                f"'{args.head_gates}' puts no gate on enc-self: nothing would be pruned"
+            )
+        model = super().build_model(args, task)
+        for site, _, attn in attention_modules(model):
+            if site in sites:
+                install_head_gate(
+                    attn,
+                    temperature=args.head_gate_temperature,
+                    stretch=stretch,
+                    init_log_alpha=args.head_gate_init_log_alpha,
+                    lr_scale=args.head_gate_lr_scale,
+                )
+        if args.freeze_decoder:
+            model.freeze_decoder(train_shared_embeddings=args.train_shared_embeddings)
+        return model
+
+    def set_num_updates(self, num_updates: int) -> None:
+        """Called by fairseq's trainer every update; the L0 criterion reads it."""
+        super().set_num_updates(num_updates)
+        self.num_updates = num_updates
+
+    @property
+    def gated_sites(self) -> tuple[str, ...]:
+        return tuple(s for s in SITES if any(site == s for site, _, _ in head_gates(self)))
+
+    def freeze_decoder(self, train_shared_embeddings: bool = False) -> None:
+        """Stop gradients to every decoder parameter except head gates."""
+        shared = {id(p) for p in self.encoder.parameters()}
+        frozen = 0
+        for name, p in self.decoder.named_parameters():
+            if name.endswith(GATE_KEY):
+                continue
+            if train_shared_embeddings and id(p) in shared:
+                continue
+            p.requires_grad_(False)
+            frozen += p.numel()
+        logger.info(f"--freeze-decoder: {frozen:,} decoder parameters frozen")
+
+    def upgrade_state_dict_named(self, state_dict, name):
+        super().upgrade_state_dict_named(state_dict, name)
+        prefix = name + "." if name else ""
+        self._add_missing_gates(state_dict, prefix)
+        self._check_shapes(state_dict, prefix)
+
+    def _add_missing_gates(self, state_dict: dict, prefix: str) -> None:
+        """Open gates for a stock checkpoint; refuse a gated one with other gated sites."""
+        expected = {
+            prefix + _module_key(self, gate) + ".theta": (site, gate)
+            for site, _, gate in head_gates(self)
+        }
+        present = {k for k in state_dict if k.startswith(prefix) and k.endswith(GATE_KEY)}
+        if not present:
+            for key, (_, gate) in expected.items():
+                state_dict[key] = gate.theta.detach().clone()
+            if expected:
+                logger.info(f"checkpoint has no head gates: created {len(expected)} open gates")
+            return
+        if present != set(expected):
+            found = sorted({site_of(k) for k in present}, key=SITES.index)
+            raise ValueError(
+                f"the checkpoint was trained with --head-gates {','.join(found)} but this "
+                f"model has --head-gates {','.join(self.gated_sites) or 'none'}: resume "
+                "with the checkpoint's --head-gates"
+            )
+
+    def _check_shapes(self, state_dict: dict, prefix: str) -> None:
+        own = {prefix + k: v for k, v in self.state_dict().items()}
+        for key, tensor in state_dict.items():
+            if key in own and torch.is_tensor(tensor) and tensor.shape != own[key].shape:
+                raise ValueError(
+                    f"checkpoint tensor {key} has shape {tuple(tensor.shape)} but this model's "
+                    f"has {tuple(own[key].shape)}: the checkpoint was trained with other "
+                    "dimensions; pass its --encoder/--decoder-embed-dim, -ffn-embed-dim, "
+                    "-attention-heads and vocabulary (or use its own --arch preset)"
+                )
+        missing = sorted(k for k in own if k not in state_dict)
+        if missing:
+            raise ValueError(
+                f"checkpoint lacks {len(missing)} tensors of this model (e.g. {missing[0]}): "
+                "it has fewer layers or another architecture; check --encoder-layers / "
+                "--decoder-layers"
+            )
+
+
+def _gate_defaults(args) -> None:
+    """Fill in the gate flags (also for checkpoints saved before a flag existed)."""
+    defaults = {
+        "head_gates": DEFAULT_SITES,
+        "head_gate_temperature": DEFAULT_TEMPERATURE,
+        "head_gate_stretch_low": DEFAULT_STRETCH[0],
+        "head_gate_stretch_high": DEFAULT_STRETCH[1],
+        "head_gate_init_log_alpha": DEFAULT_INIT_LOG_ALPHA,
+        "head_gate_lr_scale": 1.0,
+        "freeze_decoder": False,
+        "train_shared_embeddings": False,
+    }
+    for name, value in defaults.items():
+        if getattr(args, name, None) is None:
+            setattr(args, name, value)
+
+
+@register_model_architecture("gated_transformer", "gated_transformer")
+def gated_transformer(args):
+    _gate_defaults(args)
+    base_architecture(args)
+
+
+@register_model_architecture("gated_transformer", "gated_transformer_iwslt_de_en")
+def gated_transformer_iwslt_de_en(args):
+    _gate_defaults(args)
+    transformer_iwslt_de_en(args)
+
+
+@register_model_architecture("gated_transformer", "gated_transformer_wmt_en_de")
+def gated_transformer_wmt_en_de(args):
+    _gate_defaults(args)
+    transformer_wmt_en_de(args)
+
+
+@register_model_architecture("gated_transformer", "gated_transformer_vaswani_wmt_en_de_big")
+def gated_transformer_vaswani_wmt_en_de_big(args):
+    _gate_defaults(args)
+    transformer_vaswani_wmt_en_de_big(args)

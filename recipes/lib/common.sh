@@ -1,0 +1,19 @@
+# Shared settings and helpers for the recipes (sourced, not run).
+# shellcheck shell=bash
+WORK_DIR="${WORK_DIR:-$HOME/headprune-runs/multi30k}"
+SRC="${SRC:-en}"
+TGT="${TGT:-de}"
+DATA_BIN="${DATA_BIN:-$WORK_DIR/data-bin}"
+REPO_ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
+USER_DIR="${USER_DIR:-$REPO_ROOT/fairseq_headprune}"
+
+log() { echo "[$(date +%H:%M:%S)] $*" >&2; }
+die() { echo "error: $*" >&2; exit 1; }
+# take N: the first N lines of stdin, or all of them when N is 0
+take() { if [[ "$1" -gt 0 ]]; then head -n "$1"; else cat; fi; }
+
+# Use the repository's virtual environment when fairseq is not on PATH already.
+if ! command -v fairseq-train >/dev/null 2>&1 && [[ -x "$REPO_ROOT/.venv/bin/fairseq-train" ]]; then
+  export PATH="$REPO_ROOT/.venv/bin:$PATH"
+fi
+command -v fairseq-train >/dev/null 2>&1 || die "fairseq is not installed: run scripts/setup.sh"

@@ -1,0 +1,49 @@
+#!/usr/bin/env bash
+# Step 3: gated fine-tuning of the baseline with the L0 penalty (Voita et al. 2019).
+#
+# Settings (environment variables, defaults in brackets):
+#   BASELINE     checkpoint to prune [$WORK_DIR/baseline/checkpoint_best.pt]
+#   PRUNE_DIR    run folder [$WORK_DIR/prune/<HEAD_GATES>-l<LAMBDA>]
+#   LAMBDA       --l0-lambda [0.05]
+#   HEAD_GATES   --head-gates [enc-self]
+#   FREEZE_DECODER  1: --freeze-decoder, encoder-only pruning as in the paper [1]
+#   MAX_EPOCH    fine-tuning epochs [10]      LR [5e-4]      GATE_LR_SCALE [20]
+#   EXTRA_ARGS   appended to fairseq-train
+# The model flags are read back from the baseline checkpoint. Resumable: fairseq-train
+# continues from $PRUNE_DIR/checkpoint_last.pt; skipped when $PRUNE_DIR/DONE exists.
+set -euo pipefail
+HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
+source "$HERE/lib/common.sh"
+
+BASELINE="${BASELINE:-$WORK_DIR/baseline/checkpoint_best.pt}"
+LAMBDA="${LAMBDA:-0.05}"
+HEAD_GATES="${HEAD_GATES:-enc-self}"
+FREEZE_DECODER="${FREEZE_DECODER:-1}"
+PRUNE_DIR="${PRUNE_DIR:-$WORK_DIR/prune/${HEAD_GATES//,/+}-l$LAMBDA}"
+MAX_EPOCH="${MAX_EPOCH:-10}"
+LR="${LR:-5e-4}"
+GATE_LR_SCALE="${GATE_LR_SCALE:-20}"
+MAX_TOKENS="${MAX_TOKENS:-4096}"
+EXTRA_ARGS="${EXTRA_ARGS:-}"
+
+[[ -f "$BASELINE" ]] || die "no baseline checkpoint at $BASELINE (run recipes/train_baseline.sh)"
+if [[ -f "$PRUNE_DIR/DONE" ]]; then log "already pruned: $PRUNE_DIR"; exit 0; fi
+mkdir -p "$PRUNE_DIR"
+freeze=(); [[ "$FREEZE_DECODER" == 1 ]] && freeze=(--freeze-decoder)
+# shellcheck disable=SC2207
+model_flags=($(python "$HERE/lib/model_flags.py" "$BASELINE"))
+log "pruning $BASELINE -> $PRUNE_DIR (lambda=$LAMBDA, gates=$HEAD_GATES)"
+# shellcheck disable=SC2086
+fairseq-train "$DATA_BIN" --user-dir "$USER_DIR" \
+  --task translation --source-lang "$SRC" --target-lang "$TGT" \
+  --arch gated_transformer "${model_flags[@]}" \
+  --finetune-from-model "$BASELINE" \
+  --head-gates "$HEAD_GATES" "${freeze[@]}" --head-gate-lr-scale "$GATE_LR_SCALE" \
+  --criterion label_smoothed_cross_entropy_l0 --label-smoothing 0.1 --l0-lambda "$LAMBDA" \
+  --optimizer adam --adam-betas '(0.9, 0.98)' --clip-norm 1.0 \
+  --lr "$LR" --lr-scheduler fixed --weight-decay 0.0001 \
+  --max-tokens "$MAX_TOKENS" --max-epoch "$MAX_EPOCH" --seed 1 \
+  --save-dir "$PRUNE_DIR" --no-epoch-checkpoints --best-checkpoint-metric nll_loss \
+  --log-format simple --log-interval 50 $EXTRA_ARGS 2>&1 | tee -a "$PRUNE_DIR/train.log"
+fairseq-headprune gates "$PRUNE_DIR/checkpoint_last.pt" | tee "$PRUNE_DIR/gates.txt"
+touch "$PRUNE_DIR/DONE"

@@ -1,0 +1,48 @@
+#!/usr/bin/env bash
+# Step 2: train the stock fairseq transformer that is later pruned.
+#
+# 6 encoder layers x 8 heads (48 encoder heads, as in Voita et al. 2019), 3 decoder layers,
+# 256-dim, joint embeddings. About 4 minutes per Multi30k epoch on 2 CPU cores.
+#
+# Settings (environment variables, defaults in brackets):
+#   WORK_DIR [$HOME/headprune-runs/multi30k]   DATA_BIN [$WORK_DIR/data-bin]
+#   BASELINE_DIR [$WORK_DIR/baseline]          MAX_EPOCH [25]   MAX_TOKENS [4096]
+#   EMBED_DIM [256]  FFN_DIM [1024]  ENC_LAYERS [6]  DEC_LAYERS [3]  HEADS [8]
+#   EXTRA_ARGS: appended to fairseq-train (e.g. "--max-update 20" for a smoke run)
+# Resumable: fairseq-train continues from $BASELINE_DIR/checkpoint_last.pt; the step is
+# skipped when the run has reached MAX_EPOCH.
+set -euo pipefail
+HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
+source "$HERE/lib/common.sh"
+
+BASELINE_DIR="${BASELINE_DIR:-$WORK_DIR/baseline}"
+MAX_EPOCH="${MAX_EPOCH:-25}"
+MAX_TOKENS="${MAX_TOKENS:-4096}"
+EMBED_DIM="${EMBED_DIM:-256}"
+FFN_DIM="${FFN_DIM:-1024}"
+ENC_LAYERS="${ENC_LAYERS:-6}"
+DEC_LAYERS="${DEC_LAYERS:-3}"
+HEADS="${HEADS:-8}"
+EXTRA_ARGS="${EXTRA_ARGS:-}"
+
+if [[ -f "$BASELINE_DIR/DONE" ]]; then
+  log "baseline already trained: $BASELINE_DIR"; exit 0
+fi
+mkdir -p "$BASELINE_DIR"
+log "training baseline -> $BASELINE_DIR (log: $BASELINE_DIR/train.log)"
+# shellcheck disable=SC2086
+fairseq-train "$DATA_BIN" --user-dir "$USER_DIR" \
+  --task translation --source-lang "$SRC" --target-lang "$TGT" \
+  --arch transformer --share-all-embeddings \
+  --encoder-layers "$ENC_LAYERS" --decoder-layers "$DEC_LAYERS" \
+  --encoder-attention-heads "$HEADS" --decoder-attention-heads "$HEADS" \
+  --encoder-embed-dim "$EMBED_DIM" --decoder-embed-dim "$EMBED_DIM" \
+  --encoder-ffn-embed-dim "$FFN_DIM" --decoder-ffn-embed-dim "$FFN_DIM" \
+  --dropout 0.3 --attention-dropout 0.1 --weight-decay 0.0001 \
+  --optimizer adam --adam-betas '(0.9, 0.98)' --clip-norm 1.0 \
+  --lr 1e-3 --lr-scheduler inverse_sqrt --warmup-updates 500 --warmup-init-lr 1e-7 \
+  --criterion label_smoothed_cross_entropy --label-smoothing 0.1 \
+  --max-tokens "$MAX_TOKENS" --max-epoch "$MAX_EPOCH" --seed 1 \
+  --save-dir "$BASELINE_DIR" --no-epoch-checkpoints --best-checkpoint-metric nll_loss \
+  --log-format simple --log-interval 50 $EXTRA_ARGS 2>&1 | tee -a "$BASELINE_DIR/train.log"
+touch "$BASELINE_DIR/DONE"
