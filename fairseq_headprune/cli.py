@@ -71,13 +71,18 @@ def cmd_gates(args: argparse.Namespace) -> None:
     print(json.dumps(table, indent=1) if args.json else format_gate_table(table))
 
 
-def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="fairseq-headprune", description=__doc__.split("\n")[0])
-    sub = parser.add_subparsers(dest="command", required=True)
+def add_gates_parser(sub) -> None:
     p = sub.add_parser("gates", help="show every head's P(open) and deterministic gate")
     p.add_argument("checkpoint", help="a gated_transformer checkpoint")
     p.add_argument("--json", action="store_true", help="print JSON instead of a table")
     p.set_defaults(func=cmd_gates)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="fairseq-headprune", description=__doc__.split("\n")[0])
+    sub = parser.add_subparsers(dest="command", required=True)
+    # One function per subcommand, each adding its parser with set_defaults(func=...).
+    add_gates_parser(sub)
     return parser
 
 
