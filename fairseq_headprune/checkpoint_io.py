@@ -7,6 +7,7 @@ pruned models written without rebuilding a fairseq task.
 
 from __future__ import annotations
 
+import copy
 import os
 import tempfile
 from argparse import Namespace
@@ -15,6 +16,10 @@ from pathlib import Path
 import torch
 
 from fairseq_headprune.checkpoint_safety import allow_fairseq_checkpoints
+from fairseq_headprune.gated_transformer import gate_defaults
+from fairseq_headprune.hard_concrete import HardConcreteGate
+
+GATE_SUFFIX = ".head_gate.theta"
 
 
 def load_checkpoint(path: str | os.PathLike) -> dict:
@@ -38,6 +43,24 @@ def model_args(state: dict) -> Namespace:
     if model is None:
         raise ValueError("the checkpoint holds no model configuration")
     return model if isinstance(model, Namespace) else Namespace(**dict(model))
+
+
+def gates_from_state(state: dict) -> dict[str, HardConcreteGate]:
+    """Attention prefix (``encoder.layers.0.self_attn``) → its gate, rebuilt from a checkpoint."""
+    args = copy.copy(model_args(state))
+    gate_defaults(args)
+    gates = {}
+    for key, theta in state["model"].items():
+        if key.endswith(GATE_SUFFIX):
+            gate = HardConcreteGate(
+                theta.numel(),
+                temperature=args.head_gate_temperature,
+                stretch=(args.head_gate_stretch_low, args.head_gate_stretch_high),
+                lr_scale=getattr(args, "head_gate_lr_scale", 1.0),
+            )
+            gate.theta.data.copy_(theta)
+            gates[key[: -len(GATE_SUFFIX)]] = gate.eval()
+    return gates
 
 
 def atomic_save(state: dict, path: str | os.PathLike, force: bool = False) -> None:

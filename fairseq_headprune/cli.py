@@ -4,6 +4,7 @@ Tools around Voita et al. 2019 ("Analyzing Multi-Head Self-Attention: Specialize
 the Heavy Lifting, the Rest Can Be Pruned", ACL 2019). Subcommands:
 
 - ``gates CHECKPOINT [--json]``: P(open) and the deterministic gate of every head.
+- ``export --path CKPT --out PRUNED [--mask JSON]``: remove closed (or unmasked) heads.
 """
 
 from __future__ import annotations
@@ -15,27 +16,18 @@ from collections import defaultdict
 
 import torch
 
-from fairseq_headprune.checkpoint_io import load_checkpoint, model_args
-from fairseq_headprune.gated_transformer import GATE_KEY, SITES, site_of
+from fairseq_headprune.checkpoint_io import gates_from_state, load_checkpoint
+from fairseq_headprune.export import export_pruned
+from fairseq_headprune.gated_transformer import SITES, layer_of, site_of
 from fairseq_headprune.hard_concrete import HardConcreteGate
+from fairseq_headprune.scoring.command import add_score_parser
 
 
 def gate_table(state: dict) -> dict:
     """Per attention type: P(open) and deterministic gate (layers × heads), open counts."""
-    args = model_args(state)
     rows: dict[str, dict[int, HardConcreteGate]] = defaultdict(dict)
-    for key, theta in state["model"].items():
-        if not key.endswith(GATE_KEY):
-            continue
-        gate = HardConcreteGate(
-            theta.numel(),
-            temperature=args.head_gate_temperature,
-            stretch=(args.head_gate_stretch_low, args.head_gate_stretch_high),
-            lr_scale=getattr(args, "head_gate_lr_scale", 1.0),
-        )
-        gate.theta.data.copy_(theta)
-        layer = int(key.split(".layers.")[1].split(".")[0])
-        rows[site_of(key)][layer] = gate
+    for prefix, gate in gates_from_state(state).items():
+        rows[site_of(prefix)][layer_of(prefix)] = gate
     table: dict = {"sites": {}, "open": 0, "total": 0}
     with torch.no_grad():
         for site in (s for s in SITES if s in rows):
@@ -78,11 +70,39 @@ def add_gates_parser(sub) -> None:
     p.set_defaults(func=cmd_gates)
 
 
+def cmd_export(args: argparse.Namespace) -> None:
+    mask = None
+    if args.mask:
+        with open(args.mask, encoding="utf-8") as f:
+            mask = json.load(f)
+    report = export_pruned(args.path, args.out, mask=mask, force=args.force)
+    for site, (kept, total) in report["heads"].items():
+        print(f"{site}: kept {kept}/{total} heads")
+    before, after = report["params_before"], report["params_after"]
+    print(f"parameters: {before:,} -> {after:,} ({100 * (before - after) / before:.1f}% removed)")
+    print(f"wrote {report['out']} and {report['out']}.heads.json")
+
+
+def add_export_parser(sub) -> None:
+    p = sub.add_parser("export", help="write a checkpoint with the closed heads removed")
+    p.add_argument("--path", required=True, help="gated_transformer or transformer checkpoint")
+    p.add_argument("--out", required=True, help="the pruned checkpoint to write")
+    p.add_argument(
+        "--mask",
+        help='JSON file of heads to keep: {"enc-self": [[head indices] per layer], ...} or '
+        "rows of true/false per head; required for checkpoints without gates",
+    )
+    p.add_argument("--force", action="store_true", help="overwrite --out if it exists")
+    p.set_defaults(func=cmd_export)
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="fairseq-headprune", description=__doc__.split("\n")[0])
     sub = parser.add_subparsers(dest="command", required=True)
     # One function per subcommand, each adding its parser with set_defaults(func=...).
     add_gates_parser(sub)
+    add_score_parser(sub)
+    add_export_parser(sub)
     return parser
 
 

@@ -38,6 +38,7 @@ from fairseq_headprune.hard_concrete import (
     DEFAULT_TEMPERATURE,
     check_gate_hparams,
 )
+from fairseq_headprune.pruning import parse_kept_heads, resize_attention
 
 logger = logging.getLogger(__name__)
 
@@ -77,9 +78,19 @@ def head_gates(model: nn.Module) -> Iterator[tuple[str, int, HeadGate]]:
 
 def site_of(name: str) -> str:
     """The attention type of a parameter or module name (``encoder.layers.0.self_attn…``)."""
-    if ".encoder.layers." in "." + name:
+    parts = name.split(".")
+    if "encoder_attn" in parts:
+        return "dec-enc"
+    if "decoder" in parts:
+        return "dec-self"
+    if "encoder" in parts:
         return "enc-self"
-    return "dec-enc" if ".encoder_attn." in name else "dec-self"
+    raise ValueError(f"{name!r} is not a transformer attention parameter")
+
+
+def layer_of(name: str) -> int:
+    """The layer index of a parameter or module name (``….layers.3.self_attn…`` → 3)."""
+    return int(name.split("layers.")[1].split(".")[0])
 
 
 def gates_by_name(model: nn.Module) -> Iterator[tuple[str, HeadGate]]:
@@ -120,6 +131,10 @@ class GatedTransformerModel(TransformerModel):
         parser.add_argument("--head-gate-lr-scale", type=float, metavar="K",
                             help="gates move K times faster than the weights under Adam "
                                  "(log α = K·θ, θ the trained parameter; default: 1)")
+        parser.add_argument("--kept-heads", type=str, metavar="JSON",
+                            help="build a physically pruned model: JSON (inline or a file, as "
+                                 "written by `fairseq-headprune export`) of the original head "
+                                 "indices kept per attention type and layer")
         parser.add_argument("--freeze-decoder", action="store_true",
                             help="do not update decoder parameters (gates placed in the decoder "
                                  "still train): Voita et al.'s encoder-only pruning protocol. "
@@ -131,7 +146,7 @@ class GatedTransformerModel(TransformerModel):
 
     @classmethod
     def build_model(cls, args, task):
-        _gate_defaults(args)
+        gate_defaults(args)
         sites = parse_sites(args.head_gates)
         stretch = (args.head_gate_stretch_low, args.head_gate_stretch_high)
         check_gate_hparams(args.head_gate_temperature, stretch)
@@ -141,8 +156,9 @@ class GatedTransformerModel(TransformerModel):
                 f"'{args.head_gates}' puts no gate on enc-self: nothing would be pruned"
             )
         model = super().build_model(args, task)
+        model.apply_kept_heads(parse_kept_heads(args.kept_heads))
         for site, _, attn in attention_modules(model):
-            if site in sites:
+            if site in sites and isinstance(attn, MultiheadAttention):
                 install_head_gate(
                     attn,
                     temperature=args.head_gate_temperature,
@@ -153,6 +169,29 @@ class GatedTransformerModel(TransformerModel):
         if args.freeze_decoder:
             model.freeze_decoder(train_shared_embeddings=args.train_shared_embeddings)
         return model
+
+    def apply_kept_heads(self, kept: dict[str, list[list[int]]]) -> None:
+        """Shrink attention modules to the kept heads' shapes (weights are loaded after)."""
+        layers = {"enc-self": self.encoder.layers, "dec-self": self.decoder.layers}
+        layers["dec-enc"] = self.decoder.layers
+        attr = {"enc-self": "self_attn", "dec-self": "self_attn", "dec-enc": "encoder_attn"}
+        for site, per_layer in kept.items():
+            if site not in SITES:
+                raise ValueError(f"--kept-heads: unknown attention type {site!r}")
+            if len(per_layer) != len(layers[site]):
+                raise ValueError(
+                    f"--kept-heads: {site} lists {len(per_layer)} layers, the model has "
+                    f"{len(layers[site])}"
+                )
+            for i, heads in enumerate(per_layer):
+                attn = getattr(layers[site][i], attr[site])
+                bad = [h for h in heads if not 0 <= h < attn.num_heads]
+                if bad or len(set(heads)) != len(heads):
+                    raise ValueError(
+                        f"--kept-heads: {site} layer {i} names heads {heads}, but the layer has "
+                        f"heads 0..{attn.num_heads - 1}"
+                    )
+                setattr(layers[site][i], attr[site], resize_attention(attn, len(heads)))
 
     def set_num_updates(self, num_updates: int) -> None:
         """Called by fairseq's trainer every update; the L0 criterion reads it."""
@@ -222,7 +261,7 @@ class GatedTransformerModel(TransformerModel):
             )
 
 
-def _gate_defaults(args) -> None:
+def gate_defaults(args) -> None:
     """Fill in the gate flags (also for checkpoints saved before a flag existed)."""
     defaults = {
         "head_gates": DEFAULT_SITES,
@@ -231,6 +270,7 @@ def _gate_defaults(args) -> None:
         "head_gate_stretch_high": DEFAULT_STRETCH[1],
         "head_gate_init_log_alpha": DEFAULT_INIT_LOG_ALPHA,
         "head_gate_lr_scale": 1.0,
+        "kept_heads": None,
         "freeze_decoder": False,
         "train_shared_embeddings": False,
     }
@@ -241,23 +281,23 @@ def _gate_defaults(args) -> None:
 
 @register_model_architecture("gated_transformer", "gated_transformer")
 def gated_transformer(args):
-    _gate_defaults(args)
+    gate_defaults(args)
     base_architecture(args)
 
 
 @register_model_architecture("gated_transformer", "gated_transformer_iwslt_de_en")
 def gated_transformer_iwslt_de_en(args):
-    _gate_defaults(args)
+    gate_defaults(args)
     transformer_iwslt_de_en(args)
 
 
 @register_model_architecture("gated_transformer", "gated_transformer_wmt_en_de")
 def gated_transformer_wmt_en_de(args):
-    _gate_defaults(args)
+    gate_defaults(args)
     transformer_wmt_en_de(args)
 
 
 @register_model_architecture("gated_transformer", "gated_transformer_vaswani_wmt_en_de_big")
 def gated_transformer_vaswani_wmt_en_de_big(args):
-    _gate_defaults(args)
+    gate_defaults(args)
     transformer_vaswani_wmt_en_de_big(args)

@@ -28,7 +28,9 @@ def read_hypotheses(generate_output: str) -> dict[int, str]:
 
 def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(description=__doc__)
-    p.add_argument("generate_output", help="stdout of fairseq-generate --post-process sentencepiece")
+    p.add_argument(
+        "generate_output", help="stdout of fairseq-generate --post-process sentencepiece"
+    )
     p.add_argument("reference", help="raw reference text, one sentence per line")
     p.add_argument("--hyp-out", help="write the hypotheses in reference order here")
     p.add_argument("--json-out", help="write score, signature and counts here")

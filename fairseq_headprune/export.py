@@ -1,0 +1,158 @@
+"""``fairseq-headprune export``: write a physically pruned, loadable fairseq checkpoint.
+
+The last step of Voita et al. 2019's pipeline ("Analyzing Multi-Head Self-Attention:
+Specialized Heads Do the Heavy Lifting, the Rest Can Be Pruned"), done for real: closed heads
+are removed from the tensors (see ``pruning``), not masked. Sources of the heads to keep:
+
+- a ``gated_transformer`` checkpoint: heads whose deterministic gate is > 0, gates folded;
+- any transformer checkpoint plus a mask (``--mask``): JSON ``{"enc-self": [[kept head
+  indices] per layer], …}`` or 0/1 rows ``[[1, 0, …], …]`` with one entry per head — written by
+  hand, by the scorer, or by a random/importance policy, so every method yields the same kind
+  of model for comparison. With a gated checkpoint the mask decides and the gates are folded.
+
+The output is a ``gated_transformer`` checkpoint with ``kept_heads`` in its config and no gates:
+stock ``fairseq-generate``/``fairseq-interactive`` load it strictly with ``--user-dir``; to
+fine-tune it, pass ``--arch gated_transformer --kept-heads OUT.heads.json --head-gates none``
+with ``--finetune-from-model OUT``.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+from pathlib import Path
+
+import torch
+
+from fairseq_headprune.checkpoint_io import (
+    atomic_save,
+    gates_from_state,
+    load_checkpoint,
+    model_args,
+)
+from fairseq_headprune.gated_transformer import SITES, gate_defaults, layer_of, site_of
+from fairseq_headprune.pruning import parse_kept_heads, prune_state_dict
+
+
+def attention_layout(state: dict) -> dict[str, tuple[int, int, list[int]]]:
+    """Attention prefix → (heads now, head dim, original indices of those heads)."""
+    args = model_args(state)
+    if (
+        not hasattr(args, "encoder_attention_heads")
+        or "encoder.layers.0.fc1.weight" not in state["model"]
+    ):
+        raise ValueError("the checkpoint is not a fairseq transformer")
+    kept = parse_kept_heads(getattr(args, "kept_heads", None))
+    heads = {"enc-self": args.encoder_attention_heads}
+    heads["dec-self"] = heads["dec-enc"] = args.decoder_attention_heads
+    dims = {"enc-self": args.encoder_embed_dim}
+    dims["dec-self"] = dims["dec-enc"] = args.decoder_embed_dim
+    layout = {}
+    for key in state["model"]:
+        if key.endswith(("_attn.q_proj.weight", "_attn.out_proj_bias")):
+            prefix = key.rsplit(".", 2)[0] if key.endswith("weight") else key.rsplit(".", 1)[0]
+            site, layer = site_of(prefix), layer_of(prefix)
+            original = kept[site][layer] if site in kept else list(range(heads[site]))
+            layout[prefix] = (len(original), dims[site] // heads[site], original)
+    return layout
+
+
+def mask_to_kept(mask: dict, layout: dict) -> dict[str, list[int]]:
+    """A user mask → prefix → positions (in the checkpoint's modules) of the heads to keep.
+
+    ``mask``: ``{type: [row per layer]}``; a row is either original head indices to keep
+    (``[0, 5]``) or one boolean per head now in the layer (``[true, false, …]``).
+    """
+    by_site: dict[str, dict[int, str]] = {}
+    for prefix in layout:
+        by_site.setdefault(site_of(prefix), {})[layer_of(prefix)] = prefix
+    unknown = [s for s in mask if s not in by_site]
+    if unknown:
+        raise ValueError(f"the mask names attention types {unknown}; the model has {list(by_site)}")
+    kept = {}
+    for site, rows in mask.items():
+        if len(rows) != len(by_site[site]):
+            raise ValueError(
+                f"the mask has {len(rows)} layers for {site}; the model has {len(by_site[site])}"
+            )
+        for i, row in enumerate(rows):
+            prefix = by_site[site][i]
+            _, _, original = layout[prefix]
+            if row and all(isinstance(v, bool) for v in row):
+                if len(row) != len(original):
+                    raise ValueError(
+                        f"the mask row for {site} layer {i} has {len(row)} entries; the layer "
+                        f"has {len(original)} heads"
+                    )
+                kept[prefix] = [p for p, v in enumerate(row) if v]
+                continue
+            missing = [h for h in row if h not in original]
+            if missing:
+                raise ValueError(
+                    f"the mask names {site} layer {i} heads {missing}, which the model does not "
+                    f"have (it has {original})"
+                )
+            kept[prefix] = [original.index(h) for h in sorted(set(row))]
+    return kept
+
+
+def export_pruned(
+    path: str | Path, out: str | Path, mask: dict | None = None, force: bool = False
+) -> dict:
+    """Write the pruned checkpoint ``out`` (and ``out.heads.json``); return a report."""
+    out = Path(out)
+    if out.exists() and not force:
+        raise FileExistsError(f"{out} exists; pass --force to overwrite it")
+    state = load_checkpoint(path)
+    layout = attention_layout(state)
+    gates = {p: g.deterministic().detach() for p, g in gates_from_state(state).items()}
+    if mask is not None:
+        kept = mask_to_kept(mask, layout)
+    elif gates:
+        kept = {p: torch.nonzero(g > 0).flatten().tolist() for p, g in gates.items()}
+    else:
+        raise ValueError(f"{path} has no head gates: give a --mask of the heads to keep")
+    shapes = {p: (n, d) for p, (n, d, _) in layout.items()}
+    pruned = prune_state_dict(state["model"], shapes, kept, gates)
+
+    kept_heads: dict[str, list[list[int]]] = {}
+    for prefix in sorted(layout, key=lambda p: (SITES.index(site_of(p)), layer_of(p))):
+        n, _, original = layout[prefix]
+        positions = kept.get(prefix, list(range(n)))
+        kept_heads.setdefault(site_of(prefix), []).append([original[p] for p in positions])
+    args = copy.copy(model_args(state))
+    args.arch = args._name = "gated_transformer"
+    args.kept_heads = json.dumps(kept_heads)
+    args.head_gates = "none"
+    args.freeze_decoder = False
+    gate_defaults(args)
+    cfg = dict(state.get("cfg") or {})
+    cfg["model"] = args
+    new_state = {
+        "cfg": cfg,
+        "args": None,
+        "model": pruned,
+        "optimizer_history": state.get("optimizer_history", []),
+        "extra_state": state.get("extra_state", {}),
+        "last_optimizer_state": None,
+    }
+    atomic_save(new_state, out, force=force)
+    heads_json = out.with_name(out.name + ".heads.json")
+    tmp = heads_json.with_name(heads_json.name + ".tmp")
+    tmp.write_text(json.dumps(kept_heads) + "\n")
+    tmp.replace(heads_json)
+
+    def n_params(sd: dict) -> int:
+        return sum(v.numel() for k, v in sd.items() if not k.endswith(".head_gate.theta"))
+
+    return {
+        "out": str(out),
+        "kept_heads": kept_heads,
+        "heads": {s: [sum(map(len, rows)), _count(layout, s)] for s, rows in kept_heads.items()},
+        "params_before": n_params(state["model"]),
+        "params_after": n_params(pruned),
+    }
+
+
+def _count(layout: dict, site: str) -> int:
+    return sum(n for p, (n, _, _) in layout.items() if site_of(p) == site)

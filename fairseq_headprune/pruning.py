@@ -1,0 +1,116 @@
+"""Physically remove attention heads: smaller tensors, not masks.
+
+After Voita et al. 2019 ("Analyzing Multi-Head Self-Attention: Specialized Heads Do the
+Heavy Lifting, the Rest Can Be Pruned", ACL 2019) close heads with L0 gates, a closed head
+still costs its q/k/v projections and attention unless it is cut out. This module:
+
+- folds the deterministic gate values into the columns of ``out_proj.weight``
+  (Concat(g_h·head_h)·W_O = Concat(head_h)·(diag(g) ⊗ I_d)·W_O; the bias is untouched);
+- slices the kept heads' rows out of q/k/v (weights and biases) and their columns out of
+  ``out_proj``, in a state dict — so the same function prunes a gated checkpoint, a stock
+  checkpoint plus a mask, or a top-k selection by any head score;
+- rebuilds a model of the pruned shape before loading (fairseq's own lesson from RoBERTa head
+  pruning: shrink modules to match the checkpoint, then load strictly). A layer whose heads
+  are all removed becomes ``NoHeadAttention``: the output-projection bias, no q/k/v work.
+
+The kept heads are recorded in the model config as ``kept_heads``: a JSON object
+``{"enc-self": [[head, …] per layer], …}`` of original head indices; absent types keep all.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+
+import torch
+from fairseq.modules import MultiheadAttention
+from torch import Tensor, nn
+
+KeptHeads = dict[str, list[list[int]]]
+PROJECTIONS = ("q_proj", "k_proj", "v_proj")
+
+
+class NoHeadAttention(nn.Module):
+    """An attention layer with every head removed: its output is the out_proj bias."""
+
+    def __init__(self, embed_dim: int) -> None:
+        super().__init__()
+        self.out_proj_bias = nn.Parameter(torch.zeros(embed_dim))
+        self.num_heads = 0
+
+    def forward(self, query: Tensor, *args, **kwargs) -> tuple[Tensor, Tensor | None]:
+        return self.out_proj_bias.expand_as(query), None  # (T, B, E)
+
+    # the decoder layer asks every self-attention for its incremental buffer
+    def _get_input_buffer(self, incremental_state) -> dict:
+        return {}
+
+    def _set_input_buffer(self, incremental_state, buffer) -> None:
+        pass
+
+
+def resize_attention(attn: MultiheadAttention, num_heads: int) -> nn.Module:
+    """Give ``attn`` room for ``num_heads`` heads (fresh weights, to be loaded)."""
+    if num_heads == 0:
+        return NoHeadAttention(attn.out_proj.out_features)
+    if attn.bias_k is not None:
+        raise ValueError("pruning heads of attention with --add-bias-kv is not supported")
+    width = num_heads * attn.head_dim
+    attn.q_proj = nn.Linear(attn.q_proj.in_features, width, bias=attn.q_proj.bias is not None)
+    attn.k_proj = nn.Linear(attn.kdim, width, bias=attn.k_proj.bias is not None)
+    attn.v_proj = nn.Linear(attn.vdim, width, bias=attn.v_proj.bias is not None)
+    bias = attn.out_proj.bias is not None
+    attn.out_proj = nn.Linear(width, attn.out_proj.out_features, bias=bias)
+    attn.num_heads, attn.embed_dim = num_heads, width
+    attn._set_skip_embed_dim_check()  # the fused route checks embed_dim == query dim
+    return attn
+
+
+def parse_kept_heads(value: str | None) -> KeptHeads:
+    """``--kept-heads``: inline JSON or the path of a JSON file; empty → {}."""
+    if not value:
+        return {}
+    if os.path.isfile(value):
+        with open(value, encoding="utf-8") as f:
+            value = f.read()
+    try:
+        kept = json.loads(value)
+    except json.JSONDecodeError as e:
+        raise ValueError(f"--kept-heads is neither a JSON file nor JSON: {e}") from e
+    return {site: [list(map(int, layer)) for layer in layers] for site, layers in kept.items()}
+
+
+def prune_state_dict(
+    state: dict[str, Tensor],
+    modules: dict[str, tuple[int, int]],
+    kept: dict[str, list[int]],
+    gates: dict[str, Tensor] | None = None,
+) -> dict[str, Tensor]:
+    """Cut heads out of a transformer state dict.
+
+    ``modules``: attention prefix (``encoder.layers.0.self_attn``) → (num_heads, head_dim).
+    ``kept``: prefix → original indices of the heads to keep (absent: keep all).
+    ``gates``: prefix → gate values (H,) to fold into out_proj; their keys are removed.
+    """
+    out = {k: v for k, v in state.items() if not k.endswith(".head_gate.theta")}
+    for prefix, (num_heads, head_dim) in modules.items():
+        if num_heads == 0:  # already a NoHeadAttention
+            continue
+        keep = kept.get(prefix, list(range(num_heads)))
+        cols = torch.tensor([h * head_dim + i for h in keep for i in range(head_dim)])
+        cols = cols.long()  # (len(keep)·d,)
+        w_out = state[f"{prefix}.out_proj.weight"]  # (E, H·d)
+        if gates is not None and prefix in gates:
+            w_out = w_out * gates[prefix].to(w_out).repeat_interleave(head_dim)[None, :]
+        if not keep:
+            for name in (*PROJECTIONS, "out_proj"):
+                out.pop(f"{prefix}.{name}.weight", None)
+                out.pop(f"{prefix}.{name}.bias", None)
+            out[f"{prefix}.out_proj_bias"] = state[f"{prefix}.out_proj.bias"]
+            continue
+        for name in PROJECTIONS:
+            out[f"{prefix}.{name}.weight"] = state[f"{prefix}.{name}.weight"][cols].clone()
+            if f"{prefix}.{name}.bias" in state:
+                out[f"{prefix}.{name}.bias"] = state[f"{prefix}.{name}.bias"][cols].clone()
+        out[f"{prefix}.out_proj.weight"] = w_out[:, cols].clone()
+    return out

@@ -1,0 +1,199 @@
+"""Physically pruned export: same function as the gated model, fewer parameters, loads in
+the real fairseq-generate and fairseq-train."""
+
+import copy
+import json
+
+import pytest
+import torch
+from fairseq import checkpoint_utils
+
+import fairseq_headprune  # noqa: F401  registers the plugin, as --user-dir does
+from fairseq_headprune.gated_transformer import attention_modules, head_gates
+from fairseq_headprune.pruning import NoHeadAttention
+from tests.helpers import TINY_ARCH, TRAIN_COMMON, USER_DIR, cli, load_state
+
+# log α per head → deterministic gate 0, ≈0.49, ≈0.78, 1 (σ(a)·1.2 − 0.1, clipped)
+THETAS = {
+    "enc-self": [[-6.0, 0.0, 1.0, 6.0], [-6.0, -6.0, -6.0, -6.0]],  # layer 1: all closed
+    "dec-self": [[6.0, -6.0, 0.5, 6.0], [6.0, 6.0, 6.0, 6.0]],
+    "dec-enc": [[-6.0, 6.0, -6.0, 0.2], [6.0, -6.0, 6.0, 6.0]],
+}
+PREFIX = {"enc-self": "encoder.layers.{}.self_attn", "dec-self": "decoder.layers.{}.self_attn"}
+PREFIX["dec-enc"] = "decoder.layers.{}.encoder_attn"
+
+
+@pytest.fixture(scope="module")
+def gated_checkpoint(stock_checkpoint, tmp_path_factory):
+    """The stock model as a gated_transformer with mixed open / fractional / closed gates."""
+    state = load_state(stock_checkpoint)
+    args = copy.copy(state["cfg"]["model"])
+    args.arch = args._name = "gated_transformer"
+    state["cfg"]["model"] = args
+    for site, rows in THETAS.items():
+        for i, row in enumerate(rows):
+            state["model"][PREFIX[site].format(i) + ".head_gate.theta"] = torch.tensor(row)
+    path = tmp_path_factory.mktemp("gated") / "gated.pt"
+    torch.save(state, path)
+    return path
+
+
+def _load(path, data):
+    (model,), _, task = checkpoint_utils.load_model_ensemble_and_task(
+        [str(path)], arg_overrides={"data": str(data)}
+    )
+    return model.eval(), task
+
+
+def _logits(model, src, prev):
+    with torch.no_grad():
+        return model(src, torch.full((src.shape[0],), src.shape[1]), prev)[0]
+
+
+def _hypotheses(path, data):
+    out = cli(
+        "fairseq-generate", data, "--user-dir", USER_DIR, "--path", path, "--cpu", "--beam", "4",
+        "--batch-size", "8", "--required-batch-size-multiple", "1",
+    ).stdout  # fmt: skip
+    hyps = sorted(line.split("\t") for line in out.splitlines() if line.startswith("H-"))
+    assert len(hyps) == 24
+    return hyps
+
+
+def test_export_equals_gated_model(gated_checkpoint, tiny_data, tmp_path):
+    out = tmp_path / "pruned.pt"
+    report = cli("fairseq-headprune", "export", "--path", gated_checkpoint, "--out", out).stdout
+    assert "enc-self: kept 3/8 heads" in report
+    gated, task = _load(gated_checkpoint, tiny_data)
+    pruned, _ = _load(out, tiny_data)
+    assert not list(head_gates(pruned))
+    assert isinstance(pruned.encoder.layers[1].self_attn, NoHeadAttention)
+    # order: enc 0, enc 1, then per decoder layer: dec-self, dec-enc
+    assert [a.num_heads for _, _, a in attention_modules(pruned)] == [3, 0, 3, 2, 4, 3]
+    d = task.source_dictionary
+    torch.manual_seed(0)
+    src = torch.randint(d.nspecial, len(d), (5, 9))
+    prev = torch.randint(d.nspecial, len(d), (5, 7))
+    assert (_logits(pruned, src, prev) - _logits(gated, src, prev)).abs().max() <= 1e-5
+    # real data
+    task.load_dataset("valid")
+    batches = task.get_batch_iterator(task.dataset("valid"), max_tokens=400).next_epoch_itr()
+    for sample in batches:
+        net = sample["net_input"]
+        with torch.no_grad():
+            diff = pruned(**net)[0] - gated(**net)[0]
+        assert diff.abs().max() <= 1e-5
+    ours, theirs = _hypotheses(out, tiny_data), _hypotheses(gated_checkpoint, tiny_data)
+    assert [(i, text) for i, _, text in ours] == [(i, text) for i, _, text in theirs]
+    for (_, a, _), (_, b, _) in zip(ours, theirs):
+        assert float(a) == pytest.approx(float(b), abs=1e-5)
+
+
+def _attention_params(model) -> int:
+    return sum(
+        p.numel() for n, p in model.named_parameters() if "_attn." in n and "head_gate" not in n
+    )
+
+
+def test_parameter_count_falls_by_the_removed_heads(
+    gated_checkpoint, stock_checkpoint, tiny_data, tmp_path
+):
+    out = tmp_path / "pruned.pt"
+    cli("fairseq-headprune", "export", "--path", gated_checkpoint, "--out", out)
+    stock, _ = _load(stock_checkpoint, tiny_data)
+    pruned, _ = _load(out, tiny_data)
+    embed, head_dim = 16, 4  # TINY_ARCH: dim 16, 4 heads
+    removed_heads = sum(row.count(-6.0) for rows in THETAS.values() for row in rows)
+    # per removed head: q, k, v rows (weights E·d + biases d) and out_proj columns (E·d)
+    expected = removed_heads * (3 * (embed * head_dim + head_dim) + embed * head_dim)
+    total = sum(p.numel() for p in stock.parameters())
+    assert total - sum(p.numel() for p in pruned.parameters()) == expected
+    assert _attention_params(stock) - _attention_params(pruned) == expected
+
+
+def test_stock_checkpoint_with_mask_equals_masked_model(stock_checkpoint, tiny_data, tmp_path):
+    mask = {
+        "enc-self": [[0, 3], [1]],  # original head indices to keep
+        "dec-enc": [[True, False, True, True], [False, False, False, False]],
+    }
+    (tmp_path / "mask.json").write_text(json.dumps(mask))
+    out = tmp_path / "masked.pt"
+    cli(
+        "fairseq-headprune",
+        "export",
+        "--path",
+        stock_checkpoint,
+        "--out",
+        out,
+        "--mask",
+        tmp_path / "mask.json",
+    )
+    assert json.loads((tmp_path / "masked.pt.heads.json").read_text())["enc-self"] == [[0, 3], [1]]
+    pruned, task = _load(out, tiny_data)
+    reference, _ = _load(stock_checkpoint, tiny_data)
+    # the independent reference: the stock model with the masked heads' out_proj columns zeroed
+    for site, i, attn in attention_modules(reference):
+        if site in mask:
+            row = mask[site][i]
+            keep = [h for h in range(4) if (row[h] if isinstance(row[0], bool) else h in row)]
+            for h in set(range(4)) - set(keep):
+                attn.out_proj.weight.data[:, h * 4 : (h + 1) * 4] = 0
+    d = task.source_dictionary
+    src = torch.randint(d.nspecial, len(d), (3, 8))
+    prev = torch.randint(d.nspecial, len(d), (3, 6))
+    assert (_logits(pruned, src, prev) - _logits(reference, src, prev)).abs().max() <= 1e-5
+
+
+def test_all_heads_pruned_is_a_valid_model_that_trains_further(
+    stock_checkpoint, tiny_data, tmp_path
+):
+    none = {site: [[], []] for site in ("enc-self", "dec-self", "dec-enc")}
+    (tmp_path / "none.json").write_text(json.dumps(none))
+    out = tmp_path / "empty.pt"
+    cli(
+        "fairseq-headprune",
+        "export",
+        "--path",
+        stock_checkpoint,
+        "--out",
+        out,
+        "--mask",
+        tmp_path / "none.json",
+    )
+    _hypotheses(out, tiny_data)
+    # fine-tune the pruned model further with the real fairseq-train
+    kept = tmp_path / "empty.pt.heads.json"
+    ckpt = tmp_path / "ft" / "checkpoint_last.pt"
+    cli(
+        "fairseq-train", tiny_data, "--user-dir", USER_DIR, "--arch", "gated_transformer",
+        *TINY_ARCH, *TRAIN_COMMON, "--kept-heads", kept, "--head-gates", "none",
+        "--finetune-from-model", out, "--max-epoch", "1", "--save-dir", tmp_path / "ft",
+    )  # fmt: skip
+    assert not any("q_proj" in k for k in load_state(ckpt)["model"])
+
+
+def _export(*args):
+    return cli("fairseq-headprune", "export", *args, check=False)
+
+
+def test_bad_input(stock_checkpoint, gated_checkpoint, tmp_path):
+    out = tmp_path / "x.pt"
+    proc = _export("--path", stock_checkpoint, "--out", out)
+    assert proc.returncode != 0 and "has no head gates: give a --mask" in proc.stderr
+    for mask, message in [
+        ({"enc-self": [[True, False]] * 2}, "has 2 entries; the layer has 4 heads"),
+        ({"enc-self": [[0]]}, "the mask has 1 layers for enc-self; the model has 2"),
+        ({"enc-self": [[0, 7], [1]]}, "heads [7], which the model does not have"),
+        ({"cross": [[0]]}, "the mask names attention types ['cross']"),
+    ]:
+        (tmp_path / "m.json").write_text(json.dumps(mask))
+        proc = _export("--path", stock_checkpoint, "--out", out, "--mask", tmp_path / "m.json")
+        assert proc.returncode != 0 and message in proc.stderr, proc.stderr
+    assert not out.exists()
+    out.write_bytes(b"keep me")
+    proc = _export("--path", gated_checkpoint, "--out", out)
+    assert proc.returncode != 0 and "exists; pass --force" in proc.stderr
+    assert out.read_bytes() == b"keep me"
+    _export("--path", gated_checkpoint, "--out", out, "--force")
+    assert "model" in load_state(out)
+    assert not list(tmp_path.glob("*.tmp"))
