@@ -1,0 +1,239 @@
+"""``fairseq-headprune score``: every per-head metric of a checkpoint on a data split.
+
+The scores of Voita et al. 2019 ("Analyzing Multi-Head Self-Attention: Specialized Heads Do
+the Heavy Lifting, the Rest Can Be Pruned", ACL 2019) — LRP relevance, confidence,
+positional, syntactic and rare-word roles — and the redundancy statistics of Michel et al.
+2019 ("Are Sixteen Heads Really Better than One?") — entropy, output norm, gradient
+importance, head similarity (cosine and CKA, Kornblith et al. 2019), single-head and greedy
+ablation — for a stock ``transformer`` or a ``gated_transformer`` checkpoint. See
+docs/scoring.md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+from pathlib import Path
+
+import torch
+
+from fairseq_headprune.scoring.attention_stats import AttentionStats
+from fairseq_headprune.scoring.base import Batches, PassScorer, ScoringModel, run_pass
+from fairseq_headprune.scoring.importance import (
+    GradientImportance,
+    OutputNorm,
+    ablation_curve,
+    single_head_ablation,
+)
+from fairseq_headprune.scoring.lrp import LRPRelevance
+from fairseq_headprune.scoring.outputs import atomic_dir, head_records, write_outputs
+from fairseq_headprune.scoring.similarity import HeadSimilarity
+from fairseq_headprune.scoring.syntax import (
+    SyntaxAccuracy,
+    matches,
+    parse_with_stanza,
+    read_conllu,
+    source_words,
+)
+
+logger = logging.getLogger(__name__)
+
+METRICS = (
+    "lrp", "confidence", "entropy", "positional", "rare", "syntax", "importance", "norm",
+    "similarity", "ablation", "curve",
+)  # fmt: skip
+MIN_MATCHED = 0.5  # fewer matching trees than this fraction of the sentences: an error
+
+
+def parse_metrics(value: str, have_trees: bool) -> list[str]:
+    """``all`` or a comma list → metric names; ``syntax`` needs trees (dropped from ``all``)."""
+    if value.strip() == "all":
+        return [m for m in METRICS if m != "syntax" or have_trees]
+    names = [m.strip() for m in value.split(",") if m.strip()]
+    unknown = [m for m in names if m not in METRICS]
+    if unknown or not names:
+        raise ValueError(f"--metrics: unknown metric(s) {unknown}; choose from {list(METRICS)}")
+    if "syntax" in names and not have_trees:
+        raise ValueError("--metrics syntax needs trees: pass --conllu FILE or --parse stanza")
+    return [m for m in METRICS if m in names]
+
+
+def load(data: str, path: str):
+    """The model and task of a fairseq checkpoint (plugin registered, data dir overridden)."""
+    from fairseq import checkpoint_utils
+
+    import fairseq_headprune  # noqa: F401  registers the plugin and safe checkpoint loading
+
+    if not Path(path).is_file():
+        raise FileNotFoundError(f"no checkpoint at {path}")
+    try:
+        models, _, task = checkpoint_utils.load_model_ensemble_and_task(
+            [path], arg_overrides={"data": data}
+        )
+    except Exception as e:  # fairseq and torch raise many types for a bad file
+        raise ValueError(f"cannot load {path} as a fairseq checkpoint: {e}") from e
+    return models[0], task
+
+
+def align_trees(args, batches: Batches, task) -> tuple[dict, dict, int, str]:
+    """Trees of the scored sentences that match their source line, word maps, skipped."""
+    dictionary, dataset = task.source_dictionary, batches.dataset
+    n = batches.n_sentences
+    sents = [
+        source_words([dictionary[t] for t in dataset.src[i].tolist() if t != dictionary.eos()])
+        for i in range(n)
+    ]
+    if args.conllu:
+        trees, source = read_conllu(args.conllu), f"gold CoNLL-U {args.conllu}"
+    else:
+        trees, source = parse_with_stanza([w for w, _ in sents]), "stanza parser"
+    good = {
+        i: t for i, t in enumerate(trees[:n]) if matches(t.words, sents[i][0], dictionary.unk_word)
+    }
+    if len(good) < MIN_MATCHED * n:
+        first = next(i for i in range(n) if i not in good)
+        tree = " ".join(trees[first].words) if first < len(trees) else "(no sentence)"
+        raise ValueError(
+            f"the trees do not match subset '{args.subset}': only {len(good)} of {n} sentences "
+            f"match; sentence {first}: trees say {tree!r}, the source is "
+            f"{' '.join(sents[first][0])!r}"
+        )
+    word_of = {i: sents[i][1] for i in good}
+    return good, word_of, n - len(good), source
+
+
+def score(args: argparse.Namespace) -> dict:
+    """Compute the requested metrics; return the heads.json report and the score tensors."""
+    have_trees = bool(args.conllu or args.parse)
+    metrics = parse_metrics(args.metrics, have_trees)
+    torch.manual_seed(args.seed)
+    model, task = load(args.data, args.path)
+    sm = ScoringModel(model, task)
+    batches = Batches(task, args.subset, args.max_sentences, args.batch_size, progress=None)
+    logger.info("scoring %d sentences of %s: %s", batches.n_sentences, args.subset, metrics)
+    scores: dict = {"gate": sm.base}
+    report: dict = {"syntax": None, "similarity": None, "ablation": None}
+    scorers: list[PassScorer] = []
+    if {"confidence", "entropy", "positional", "rare"} & set(metrics):
+        scorers.append(AttentionStats.for_model(sm))
+    if "syntax" in metrics:
+        trees, word_of, skipped, source = align_trees(args, batches, task)
+        scorers.append(SyntaxAccuracy(trees, word_of))
+        report["syntax"] = {"trees": source, "matched": len(trees), "skipped": skipped}
+    for name, cls in (("importance", GradientImportance), ("norm", OutputNorm)):
+        if name in metrics:
+            scorers.append(cls())
+    if "similarity" in metrics:
+        scorers.append(HeadSimilarity())
+    if scorers:
+        run_pass(sm, batches, scorers)
+        for scorer in scorers:
+            scores.update(scorer.result())
+    if "lrp" in metrics:
+        scores.update(LRPRelevance()(sm, batches))
+    if "ablation" in metrics or "curve" in metrics:
+        base_loss, delta = (
+            single_head_ablation(sm, batches)
+            if "ablation" in metrics
+            else (
+                sm.mean_loss(batches),
+                None,
+            )
+        )
+        if delta is not None:
+            scores["ablation_delta_loss"] = delta
+        curve = ablation_curve(sm, batches, args.ablation_step) if "curve" in metrics else None
+        report["ablation"] = {"base_loss": base_loss, "curve": curve}
+    _drop_unrequested(scores, metrics)
+    if report["syntax"] is not None:
+        report["syntax"]["baselines"] = {
+            k[len("baseline_") :]: {
+                "accuracy": float(v["enc-self"]),
+                "offset": int(v["offset"]),
+                "events": int(v["events"]),
+            }
+            for k, v in scores.items()
+            if k.startswith("baseline_")
+        }
+    if "similarity_cosine" in scores:
+        report["similarity"] = {
+            s: {
+                "cosine": scores["similarity_cosine"][s].tolist(),
+                "cka": scores["similarity_cka"][s].tolist(),
+            }
+            for s in scores["similarity_cosine"]
+        }
+    thresholds = {
+        "positional": args.positional_threshold,
+        "syntactic_margin": args.syntactic_margin,
+        "rare_margin": args.rare_margin,
+    }
+    shapes = {s: sm.shape(s) for s in sm.sites}
+    report = {
+        "format": "fairseq-headprune/heads",
+        "version": 1,
+        "checkpoint": str(args.path),
+        "data": str(args.data),
+        "subset": args.subset,
+        "sentences": batches.n_sentences,
+        "metrics": metrics,
+        "thresholds": thresholds,
+        "sites": {s: {"layers": L, "heads": H} for s, (L, H) in shapes.items()},
+        "heads": head_records(scores, shapes, thresholds),
+        "rare_word_average": {s: float(v.mean()) for s, v in scores.get("rare_word", {}).items()},
+        **report,
+    }
+    return {"report": report, "scores": scores}
+
+
+def _drop_unrequested(scores: dict, metrics: list[str]) -> None:
+    """AttentionStats computes its four families together; keep only the requested ones."""
+    families = {
+        "confidence": ["confidence"],
+        "entropy": ["entropy"],
+        "positional": ["positional_offset", "positional_fraction"],
+        "rare": ["rare_word"],
+    }
+    for metric, names in families.items():
+        if metric not in metrics:
+            for name in names:
+                scores.pop(name, None)
+
+
+def cmd_score(args: argparse.Namespace) -> None:
+    logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
+    logging.getLogger("matplotlib").setLevel(logging.WARNING)
+    out = Path(args.out)
+    if out.exists() and not args.force:
+        raise FileExistsError(f"{out} exists; pass --force to replace it")
+    result = score(args)
+    with atomic_dir(out, force=args.force) as tmp:
+        write_outputs(tmp, result["report"], result["scores"])
+    print(f"wrote {out}/heads.json, heads.csv, summary.md and heatmaps")
+
+
+def add_score_parser(sub) -> None:
+    p = sub.add_parser("score", help="per-head relevance, roles and redundancy statistics")
+    p.add_argument("data", help="fairseq-preprocess output folder (binarized data)")
+    p.add_argument("--path", required=True, help="a transformer or gated_transformer checkpoint")
+    p.add_argument("--subset", default="valid", help="data split to score (default: valid)")
+    trees = p.add_mutually_exclusive_group()
+    trees.add_argument("--conllu", help="gold dependency trees of the split's source sentences")
+    trees.add_argument("--parse", choices=["stanza"], help="parse the source with stanza")
+    p.add_argument(
+        "--metrics", default="all", help=f"'all' or a comma list of {', '.join(METRICS)}"
+    )
+    p.add_argument("--max-sentences", type=int, help="score only the first N sentences")
+    p.add_argument("--batch-size", type=int, default=32, help="sentences per batch")
+    p.add_argument("--positional-threshold", type=float, default=0.9,
+                   help="fraction of maxima at one offset for a positional head")  # fmt: skip
+    p.add_argument("--syntactic-margin", type=float, default=0.1,
+                   help="accuracy over the positional baseline for a syntactic head")  # fmt: skip
+    p.add_argument("--rare-margin", type=float, default=0.2,
+                   help="rare-word accuracy above the average head: a rare-word head")  # fmt: skip
+    p.add_argument("--ablation-step", type=int, default=0,
+                   help="heads removed per step of the greedy curve (0: about 10%%)")  # fmt: skip
+    p.add_argument("--seed", type=int, default=1)
+    p.add_argument("--out", required=True, help="output folder (written atomically)")
+    p.add_argument("--force", action="store_true", help="replace an existing output folder")
+    p.set_defaults(func=cmd_score)
