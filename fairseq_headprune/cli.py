@@ -21,7 +21,6 @@ from fairseq_headprune.export import export_pruned
 from fairseq_headprune.gated_transformer import SITES, layer_of, site_of
 from fairseq_headprune.hard_concrete import HardConcreteGate
 from fairseq_headprune.scoring.command import add_score_parser
-from fairseq_headprune.scoring.command import add_score_parser
 
 
 def gate_table(state: dict) -> dict:
@@ -102,7 +101,6 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True)
     # One function per subcommand, each adding its parser with set_defaults(func=...).
     add_gates_parser(sub)
-    add_score_parser(sub)
     add_score_parser(sub)
     add_export_parser(sub)
     return parser
