@@ -134,4 +134,4 @@ def input_relevance(sm: ScoringModel, sample: dict) -> tuple[float, float]:
     total = sum(
         float((x.detach() * g).sum()) for x, g in zip(leaves + biases, grads) if g is not None
     )
-    return float(logit), total
+    return float(logit.detach()), total
