@@ -19,12 +19,35 @@ Normalisation (``--l0-penalty-normalization``):
   A λ published for Voita's code is used as is with this choice; it equals ``sum`` with
   λ_sum = λ_voita / (number of gated attention layers).
 
-The logged ``loss`` includes the penalty; select checkpoints with
-``--best-checkpoint-metric nll_loss`` (or BLEU), never ``loss``.
+Exact head budget (``--target-heads K`` or ``TYPE:K,...``, see ``budget``). Instead of a
+fixed λ, the expected number of open heads ŝ = Σ P(open) is driven to K by the Lagrangian
+term λ₁(ŝ − t) + λ₂(ŝ − t)² of Wang et al. 2020 and CoFi (Xia et al. 2022), added as
+``L_budget · sample_size`` like the penalty. t ramps linearly from the number of gated heads
+to K over ``--target-heads-warmup-updates`` (read from ``model.num_updates``, which
+``GatedTransformerModel.set_num_updates`` stores). λ₁, λ₂ (one pair per budget) are
+``nn.Parameter`` s of this criterion, so fairseq's single optimiser trains them and
+checkpoints save and restore them (``criterion`` entry); their gradient is negated
+(``budget.gradient_ascent``) so that the optimiser ascends on them. Under Adam a parameter
+moves about lr per update, so the multiplier is ``--target-heads-lr-scale`` × the stored
+parameter (as log α = lr_scale · θ for the gates). The Lagrangian holds ŝ = K in expectation
+only (it is as happy with 8 heads at P = 3/8 as with 3 heads at 1 and 5 at 0), so after the
+warm-up ``--target-heads-rounding μ`` adds μ · (Σ P(open) outside the current top K − Σ P(open)
+of the top K) (``budget.rounding_term``), which makes the deterministic gates of a finished
+run keep exactly the top K heads. Exactly K is guaranteed at export, which keeps the K heads
+of highest P(open) (``budget.topk_open_mask``) when the deterministic gates do not (a run
+too short, or μ = 0). ``--target-heads`` replaces ``--l0-lambda`` (both
+non-zero is an error).
+
+The logged ``loss`` includes the penalty and the budget term; select checkpoints with
+``--best-checkpoint-metric nll_loss`` (or BLEU), never ``loss``. With a budget, every
+interval also logs per budget ``c`` (``enc_self``, ``dec_self``, ``dec_enc`` or ``total``):
+``target_c`` (the ramped target t), ``exp_open_c`` (ŝ), ``lambda_1_c`` and ``lambda_2_c``.
 """
 
+import logging
 from collections import defaultdict
 from dataclasses import dataclass, field
+from typing import Optional
 
 import torch
 from fairseq import metrics
@@ -36,15 +59,28 @@ from fairseq.criterions.label_smoothed_cross_entropy import (
 from fairseq.dataclass import ChoiceEnum
 from torch import nn
 
+from fairseq_headprune import budget
 from fairseq_headprune.gated_transformer import SITES, gates_by_name, site_of
+
+logger = logging.getLogger(__name__)
 
 NORMALIZATIONS = ChoiceEnum(["sum", "layer-mean"])
 # Logged per attention type: expected open heads Σ P(open), and open deterministic gates.
 STAT_PREFIXES = ("exp_open", "open")
+# Logged per budget (attention type or total) with --target-heads.
+BUDGET_PREFIXES = ("target", "exp_open", "lambda_1", "lambda_2")
 
 
 def _metric(prefix: str, site: str) -> str:
     return f"{prefix}_{site.replace('-', '_')}"
+
+
+def prob_open_by_site(model: nn.Module) -> "dict[str, torch.Tensor]":
+    """Per attention type: P(open) of every gated head, (layers, heads), differentiable."""
+    rows: dict[str, list] = defaultdict(list)
+    for name, gate in gates_by_name(model):
+        rows[site_of(name)].append(gate.prob_open())
+    return {site: torch.stack(rows[site]) for site in SITES if site in rows}
 
 
 def gate_statistics(model: nn.Module) -> "dict[str, dict[str, torch.Tensor]]":
@@ -69,6 +105,15 @@ def l0_penalty(model: nn.Module, normalization: str = "sum") -> torch.Tensor:
     return total / len(per_layer) if normalization == "layer-mean" else total
 
 
+def num_updates_of(model: nn.Module) -> int:
+    """``model.num_updates`` (set every update by the trainer), through DDP wrappers."""
+    while not hasattr(model, "num_updates") and isinstance(
+        getattr(model, "module", None), nn.Module
+    ):
+        model = model.module
+    return int(getattr(model, "num_updates", 0) or 0)
+
+
 @dataclass
 class LabelSmoothedCrossEntropyL0CriterionConfig(LabelSmoothedCrossEntropyCriterionConfig):
     l0_lambda: float = field(
@@ -82,13 +127,45 @@ class LabelSmoothedCrossEntropyL0CriterionConfig(LabelSmoothedCrossEntropyCriter
             "layers of the per-layer sum, as in Voita et al.'s code"
         },
     )
+    # Optional[...]: fairseq's dataclass → argparse conversion does not read `str | None`.
+    target_heads: Optional[str] = field(  # noqa: UP045
+        default=None,
+        metadata={
+            "help": "exact head budget instead of --l0-lambda: K (open heads in total over all "
+            "gated heads) or TYPE:K,... per attention type (e.g. enc-self:10,dec-enc:20). "
+            "A Lagrangian term with multipliers trained by gradient ascent drives the "
+            "expected number of open heads to K (Wang et al. 2020, CoFi)"
+        },
+    )
+    target_heads_warmup_updates: int = field(
+        default=0,
+        metadata={
+            "help": "ramp the --target-heads target linearly from the number of gated heads "
+            "to K over this many updates (0: K from the first update)"
+        },
+    )
+    target_heads_lr_scale: float = field(
+        default=10.0,
+        metadata={
+            "help": "the Lagrange multipliers of --target-heads move this many times faster "
+            "than the weights under Adam (multiplier = scale × its parameter)"
+        },
+    )
+    target_heads_rounding: float = field(
+        default=2.0,
+        metadata={
+            "help": "after the --target-heads warm-up, weight μ of a term that opens the K "
+            "heads of highest P(open) further and closes the others, so that the "
+            "deterministic gates keep exactly K heads (0: off, ŝ = K in expectation only)"
+        },
+    )
 
 
 @register_criterion(
     "label_smoothed_cross_entropy_l0", dataclass=LabelSmoothedCrossEntropyL0CriterionConfig
 )
 class LabelSmoothedCrossEntropyL0Criterion(LabelSmoothedCrossEntropyCriterion):
-    """Label-smoothed cross-entropy + λ · Σ_h P(g_h ≠ 0)."""
+    """Label-smoothed cross-entropy + λ · Σ_h P(g_h ≠ 0), or + an exact head budget."""
 
     def __init__(
         self,
@@ -99,20 +176,63 @@ class LabelSmoothedCrossEntropyL0Criterion(LabelSmoothedCrossEntropyCriterion):
         report_accuracy=False,
         l0_lambda=0.0,
         l0_penalty_normalization="sum",
+        target_heads=None,
+        target_heads_warmup_updates=0,
+        target_heads_lr_scale=10.0,
+        target_heads_rounding=2.0,
     ):
         super().__init__(task, sentence_avg, label_smoothing, ignore_prefix_size, report_accuracy)
         if l0_lambda < 0:
             raise ValueError(f"--l0-lambda must be >= 0, got {l0_lambda}")
         self.l0_lambda = l0_lambda
         self.l0_penalty_normalization = str(l0_penalty_normalization)
+        self.targets: dict[str, int] = {}
+        if target_heads is not None and str(target_heads).strip().lower() not in ("", "none"):
+            self._init_budget(
+                target_heads,
+                target_heads_warmup_updates,
+                target_heads_lr_scale,
+                target_heads_rounding,
+            )
+
+    def _init_budget(self, spec: str, warmup_updates: int, lr_scale: float, rounding: float):
+        if self.l0_lambda != 0:
+            raise ValueError(
+                f"--target-heads {spec} and --l0-lambda {self.l0_lambda} both set: the budget's "
+                "multipliers replace λ; drop --l0-lambda (or set it to 0)"
+            )
+        if warmup_updates < 0:
+            raise ValueError(f"--target-heads-warmup-updates must be >= 0, got {warmup_updates}")
+        if not lr_scale > 0:
+            raise ValueError(f"--target-heads-lr-scale must be > 0, got {lr_scale}")
+        if rounding < 0:
+            raise ValueError(f"--target-heads-rounding must be >= 0, got {rounding}")
+        self.targets = budget.parse_target_heads(spec, SITES)
+        self.target_heads_warmup_updates = int(warmup_updates)
+        self.target_heads_lr_scale = float(lr_scale)
+        self.target_heads_rounding = float(rounding)
+        if self.target_heads_rounding and self.target_heads_warmup_updates == 0:
+            logger.warning(
+                "--target-heads-rounding with --target-heads-warmup-updates 0 commits to the "
+                "top-K heads from the first update, when all gates are still alike; "
+                "give a warm-up so that the ranking means something"
+            )
+        n = len(self.targets)
+        # One multiplier pair per budget; the multiplier is lr_scale × the parameter.
+        self.lambda_1 = nn.Parameter(torch.zeros(n))  # (C,)
+        self.lambda_2 = nn.Parameter(torch.zeros(n))  # (C,)
+        self._checked = False
 
     def forward(self, model, sample, reduce=True):
         loss, sample_size, logging_output = super().forward(model, sample, reduce=reduce)
         penalty = l0_penalty(model, self.l0_penalty_normalization).to(loss)
         # × sample_size: fairseq divides gradients by the summed sample size (see docstring).
         loss = loss + self.l0_lambda * penalty * sample_size
-        logging_output["loss"] = loss.data
         logging_output["l0_penalty"] = penalty.item() * sample_size
+        if self.targets:
+            term = self._budget_term(model, sample_size, logging_output)
+            loss = loss + term.to(loss) * sample_size
+        logging_output["loss"] = loss.data
         with torch.no_grad():
             for site, stats in gate_statistics(model).items():
                 expected = stats["prob_open"].sum().item()
@@ -121,14 +241,61 @@ class LabelSmoothedCrossEntropyL0Criterion(LabelSmoothedCrossEntropyCriterion):
                 logging_output[_metric("open", site)] = n_open * sample_size
         return loss, sample_size, logging_output
 
+    def _budget_term(self, model, sample_size, logging_output) -> torch.Tensor:
+        """L_budget (differentiable in the gates and, reversed, in λ); logs its state."""
+        prob_open = prob_open_by_site(model)  # site -> (layers, heads)
+        if not self._checked:
+            budget.check_targets(self.targets, {s: p.numel() for s, p in prob_open.items()})
+            self._checked = True
+        names = list(self.targets)
+        expected = budget.expected_open(prob_open, names)  # (C,)
+        start = torch.tensor(
+            [float(budget.heads_in({s: p.numel() for s, p in prob_open.items()}, c)) for c in names]
+        ).to(expected)
+        goal = torch.tensor([float(self.targets[c]) for c in names]).to(expected)
+        updates = num_updates_of(model)
+        target = budget.ramped_target(
+            start, goal, updates, self.target_heads_warmup_updates
+        )  # (C,)
+        lambda_1 = budget.gradient_ascent(self.lambda_1) * self.target_heads_lr_scale  # (C,)
+        lambda_2 = budget.gradient_ascent(self.lambda_2) * self.target_heads_lr_scale  # (C,)
+        term = budget.lagrangian_term(
+            expected, target, lambda_1.to(expected), lambda_2.to(expected)
+        )
+        logging_output["budget_term"] = term.item() * sample_size
+        for i, c in enumerate(names):
+            for prefix, value in zip(BUDGET_PREFIXES, (target, expected, lambda_1, lambda_2)):
+                logging_output[_metric(prefix, c)] = value[i].item() * sample_size
+        if self.target_heads_rounding and updates >= self.target_heads_warmup_updates:
+            term = term + self.target_heads_rounding * budget.rounding_term(prob_open, self.targets)
+        return term
+
+    def load_state_dict(self, state_dict, strict=True, **kwargs):
+        """Restore λ on resume; a checkpoint without them (stock, --l0-lambda) keeps λ = 0."""
+        if not self.targets:
+            return super().load_state_dict(state_dict or {}, strict=strict, **kwargs)
+        if not state_dict or "lambda_1" not in state_dict:
+            logger.info("--target-heads: the checkpoint has no multipliers; starting from λ = 0")
+            return None
+        if state_dict["lambda_1"].shape != self.lambda_1.shape:
+            raise ValueError(
+                f"--target-heads: the checkpoint has {state_dict['lambda_1'].numel()} budget(s) "
+                f"but --target-heads {','.join(self.targets)} has {self.lambda_1.numel()}: "
+                "resume with the checkpoint's --target-heads or pass --reset-optimizer and "
+                "start again"
+            )
+        return super().load_state_dict(state_dict, strict=strict, **kwargs)
+
     @classmethod
     def reduce_metrics(cls, logging_outputs) -> None:
         super().reduce_metrics(logging_outputs)
         sample_size = sum(log.get("sample_size", 0) for log in logging_outputs)
         if sample_size == 0:
             return
-        keys = ["l0_penalty"] + [_metric(p, s) for p in STAT_PREFIXES for s in SITES]
-        for key in keys:
+        keys = ["l0_penalty", "budget_term"]
+        keys += [_metric(p, s) for p in STAT_PREFIXES for s in SITES]
+        keys += [_metric(p, c) for p in BUDGET_PREFIXES for c in (*SITES, budget.TOTAL)]
+        for key in dict.fromkeys(keys):
             if any(key in log for log in logging_outputs):
                 value = sum(log.get(key, 0) for log in logging_outputs) / sample_size
                 metrics.log_scalar(key, value, sample_size, round=3)
