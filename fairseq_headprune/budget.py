@@ -20,9 +20,13 @@ The target is ramped linearly (:func:`ramped_target`) from the number of gated h
 start to K over a warm-up, as in both papers, so that the model is not asked to drop every
 unwanted head on the first update.
 
-The constraint holds in expectation; the deterministic gates of a finished run usually leave
-exactly K heads open, and :func:`topk_open_mask` makes it exact at export: it keeps the K
-heads with the highest P(open).
+The constraint holds in expectation only: in a model whose heads matter alike, ŝ = K is met
+by every head at P(open) = K/n just as well as by K heads at 1 and the rest at 0, and the
+deterministic gates then keep all of them. After the warm-up, :func:`rounding_term` (this
+project's addition, not in the papers) opens the current top K further and closes the rest,
+so that the deterministic gates keep exactly K heads. :func:`topk_open_mask` makes K exact at
+export in any case: it keeps the K heads with the highest P(open), CoFi's rule for its
+deterministic masks.
 
 A budget (``--target-heads``) is either a total over all gated heads (``"10"``) or one per
 attention type (``"enc-self:10,dec-enc:20"``). This module is pure torch: no fairseq import.
