@@ -2,11 +2,18 @@
 
 from __future__ import annotations
 
+import pytest
 import torch
 
 from fairseq_headprune.scoring.attention_stats import AttentionStats
 from fairseq_headprune.scoring.similarity import linear_cka_matrix
-from fairseq_headprune.scoring.syntax import SyntaxAccuracy, Tree, read_conllu, source_words
+from fairseq_headprune.scoring.syntax import (
+    SyntaxAccuracy,
+    Tree,
+    parse_with_stanza,
+    read_conllu,
+    source_words,
+)
 
 PAD, EOS, NSPECIAL = 1, 2, 4
 H, B, T = 3, 4, 7
@@ -114,3 +121,14 @@ def test_cka_is_one_for_identical_heads_and_invariant_to_rotation():
     cka = linear_cka_matrix(z.T @ z, z.sum(0), 200, 3)
     assert abs(float(cka[0, 1]) - 1) < 1e-9 and float(cka[0, 2]) < 0.2
     torch.testing.assert_close(cka, cka.T)
+
+
+def test_missing_stanza_models_give_a_clear_error(monkeypatch):
+    import stanza
+
+    def no_models(*args, **kwargs):
+        raise FileNotFoundError("Resources file not found")
+
+    monkeypatch.setattr(stanza, "Pipeline", no_models)
+    with pytest.raises(ValueError, match=r"stanza.download\('en'\).*--conllu"):
+        parse_with_stanza([["w3", "w17"]])
