@@ -95,7 +95,9 @@ def test_score_rejects_a_non_transformer(tiny_data, tmp_path):
         "--encoder-layers", "1", "--decoder-layers", "1", "--encoder-embed-dim", "8",
         "--decoder-embed-dim", "8", "--encoder-hidden-size", "8", "--decoder-hidden-size", "8",
         "--decoder-out-embed-dim", "8", *TRAIN_COMMON, "--max-update", "1",
-        "--save-dir", tmp_path / "lstm",
+        "--save-dir", tmp_path / "lstm", check=False,
     )  # fmt: skip
+    # (this LSTM run can abort in torch's teardown after saving; only the checkpoint matters)
+    assert (tmp_path / "lstm" / "checkpoint_last.pt").exists()
     err = _fails(tiny_data, tmp_path / "lstm" / "checkpoint_last.pt", tmp_path)
     assert "not a fairseq transformer" in err
