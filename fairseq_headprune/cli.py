@@ -5,6 +5,7 @@ the Heavy Lifting, the Rest Can Be Pruned", ACL 2019). Subcommands:
 
 - ``gates CHECKPOINT [--json]``: P(open) and the deterministic gate of every head.
 - ``export --path CKPT --out PRUNED [--mask JSON]``: remove closed (or unmasked) heads.
+- ``bench DATA --full CKPT --pruned CKPT``: measured vs FLOP-predicted speed-ups, memory.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from collections import defaultdict
 
 import torch
 
+from fairseq_headprune.bench import add_bench_parser
 from fairseq_headprune.checkpoint_io import gates_from_state, load_checkpoint
 from fairseq_headprune.export import export_pruned
 from fairseq_headprune.gated_transformer import SITES, layer_of, site_of
@@ -103,6 +105,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_gates_parser(sub)
     add_score_parser(sub)
     add_export_parser(sub)
+    add_bench_parser(sub)
     return parser
 
 

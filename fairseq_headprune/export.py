@@ -25,6 +25,7 @@ from pathlib import Path
 import torch
 
 from fairseq_headprune.checkpoint_io import (
+    GATE_SUFFIX,
     atomic_save,
     gates_from_state,
     load_checkpoint,
@@ -142,8 +143,9 @@ def export_pruned(
     tmp.write_text(json.dumps(kept_heads) + "\n")
     tmp.replace(heads_json)
 
-    def n_params(sd: dict) -> int:
-        return sum(v.numel() for k, v in sd.items() if not k.endswith(".head_gate.theta"))
+    def n_params(sd: dict) -> int:  # shared tensors (tied embeddings) counted once
+        unique = {v.data_ptr(): v.numel() for k, v in sd.items() if not k.endswith(GATE_SUFFIX)}
+        return sum(unique.values())
 
     return {
         "out": str(out),

@@ -1,0 +1,314 @@
+"""``fairseq-headprune bench``: is the physically pruned model really faster and smaller?
+
+Voita et al. 2019 ("Analyzing Multi-Head Self-Attention: Specialized Heads Do the Heavy
+Lifting, the Rest Can Be Pruned") count heads; Michel et al. 2019 ("Are Sixteen Heads Really
+Better than One?") measured +17.5% BERT throughput at 50% of heads pruned and batch ≥ 16,
+and about nothing at batch 1. Fewer parameters are not speed, so this measures, for a full
+and a pruned checkpoint on the same sentences in one run (passes interleaved, best of
+``--repeats``):
+
+- encoder forward sentences/s at each batch size;
+- beam-search sentences/s through fairseq's own ``SequenceGenerator`` (what
+  ``fairseq-generate`` runs) at each batch size;
+- the bytes of the incremental decoder state (cached keys/values) after decoding;
+- peak resident memory of a fresh process that loads the model and translates (``--memory``);
+
+and prints next to each measured speed-up the speed-up predicted by counting multiply-adds,
+and measured ÷ predicted.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import multiprocessing
+import resource
+import time
+from argparse import Namespace
+
+import torch
+from fairseq import checkpoint_utils
+
+from fairseq_headprune.gated_transformer import attention_modules
+
+
+def load(path: str, data: str):
+    import fairseq_headprune  # noqa: F401  (a spawned child must register the plugin too)
+
+    (model,), _, task = checkpoint_utils.load_model_ensemble_and_task(
+        [path], arg_overrides={"data": data}
+    )
+    return model.eval(), task
+
+
+def sentences(task, subset: str, n: int) -> list[dict]:
+    """The first ``n`` sentences of ``subset`` as single-sentence samples (dataset order)."""
+    task.load_dataset(subset)
+    ds = task.dataset(subset)
+    if len(ds) == 0:
+        raise ValueError(f"subset {subset!r} is empty")
+    return [ds[i] for i in range(min(n, len(ds)))]
+
+
+def make_batches(task, subset: str, items: list[dict], batch_size: int) -> list[dict]:
+    ds = task.dataset(subset)
+    return [ds.collater(items[i : i + batch_size]) for i in range(0, len(items), batch_size)]
+
+
+# ---- multiply-add counts -------------------------------------------------------------------
+
+
+def _attn_macs(attn, tq: int, tk: int) -> int:
+    """Multiply-adds of one attention call: projections + scores + weighted sum + out_proj."""
+    if attn.num_heads == 0:
+        return 0
+    width = attn.num_heads * attn.head_dim
+    e_out = attn.out_proj.out_features
+    return (
+        tq * e_out * width + 2 * tk * attn.kdim * width + 2 * tq * tk * width + tq * width * e_out
+    )
+
+
+def _ffn_macs(layer, t: int) -> int:
+    return t * 2 * layer.fc1.in_features * layer.fc1.out_features
+
+
+def encoder_macs(model, src_len: int) -> int:
+    return sum(
+        _attn_macs(layer.self_attn, src_len, src_len) + _ffn_macs(layer, src_len)
+        for layer in model.encoder.layers
+    )
+
+
+def generation_macs(model, src_len: int, tgt_len: int, beam: int) -> int:
+    """Encoder once; per decoding step and beam: one query over the cache, FFN, output layer."""
+    total = encoder_macs(model, src_len)
+    vocab = model.decoder.output_projection.weight.shape
+    for t in range(1, tgt_len + 1):
+        for layer in model.decoder.layers:
+            self_attn = _attn_macs(layer.self_attn, 1, 1) + 2 * t * _width(layer.self_attn)
+            # keys/values of the encoder output are projected once per sentence
+            cross = _attn_macs(layer.encoder_attn, 1, 0) + 2 * src_len * _width(layer.encoder_attn)
+            total += beam * (self_attn + cross + _ffn_macs(layer, 1))
+        total += beam * vocab[0] * vocab[1]
+    for layer in model.decoder.layers:
+        total += 2 * src_len * layer.encoder_attn.kdim * _width(layer.encoder_attn)
+    return total
+
+
+def _width(attn) -> int:
+    return attn.num_heads * getattr(attn, "head_dim", 0)
+
+
+# ---- timing --------------------------------------------------------------------------------
+
+
+def _time(fn, batches: list[dict]) -> float:
+    t0 = time.perf_counter()
+    with torch.inference_mode():
+        for batch in batches:
+            fn(batch)
+    return time.perf_counter() - t0
+
+
+def generated_tokens(task, gen, model, batches: list[dict]) -> int:
+    """Tokens of the best hypotheses: a pruned model may translate shorter or longer."""
+    with torch.inference_mode():
+        return sum(
+            len(hypos[0]["tokens"])
+            for b in batches
+            for hypos in task.inference_step(gen, [model], b)
+        )
+
+
+def best_of(fns: dict, batches: list[dict], repeats: int) -> dict[str, float]:
+    """Best wall time of each function over ``repeats`` rounds, interleaved round by round."""
+    best = {name: float("inf") for name in fns}
+    for r in range(repeats):
+        for name in fns if r % 2 == 0 else reversed(list(fns)):
+            best[name] = min(best[name], _time(fns[name], batches))
+    return best
+
+
+def incremental_state_bytes(model, batch: dict, beam: int, steps: int) -> int:
+    """Bytes held by the decoder's incremental state after ``steps`` steps at ``beam``."""
+    net = batch["net_input"]
+    with torch.inference_mode():
+        enc = model.encoder(net["src_tokens"], src_lengths=net["src_lengths"])
+        order = torch.arange(net["src_tokens"].shape[0]).repeat_interleave(beam)
+        enc = model.encoder.reorder_encoder_out(enc, order)
+        prev = torch.full((order.numel(), 1), model.decoder.dictionary.eos())
+        state: dict = {}
+        for _ in range(steps):
+            out, _ = model.decoder(prev, encoder_out=enc, incremental_state=state)
+            prev = torch.cat([prev, out[:, -1:].argmax(-1)], dim=1)
+    return sum(
+        v.numel() * v.element_size()
+        for buf in state.values()
+        for v in buf.values()
+        if torch.is_tensor(v)
+    )
+
+
+def _vm_hwm() -> int:
+    with open("/proc/self/status") as f:
+        line = next(x for x in f if x.startswith("VmHWM:"))
+    return int(line.split()[1]) * 1024
+
+
+def _peak_rss_child(path: str, data: str, subset: str, n: int, bs: int, beam: int, q) -> None:
+    """Peak RSS from loading the model to the end of translating (imports excluded)."""
+    from fairseq import tasks  # noqa: F401  (the import peak happens before the reset)
+
+    import fairseq_headprune  # noqa: F401
+
+    try:  # reset the high-water mark so that the import peak does not hide the model's
+        with open("/proc/self/clear_refs", "w") as f:
+            f.write("5")
+        peak = _vm_hwm
+    except OSError:
+
+        def peak() -> int:
+            return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+
+    model, task = load(path, data)
+    items = sentences(task, subset, n)
+    gen = task.build_generator([model], Namespace(beam=beam))
+    _time(lambda b: task.inference_step(gen, [model], b), make_batches(task, subset, items, bs))
+    q.put(peak())
+
+
+def peak_rss(path: str, data: str, subset: str, n: int, bs: int, beam: int) -> int:
+    ctx = multiprocessing.get_context("spawn")
+    q = ctx.Queue()
+    proc = ctx.Process(target=_peak_rss_child, args=(path, data, subset, n, bs, beam, q))
+    proc.start()
+    value = q.get()
+    proc.join()
+    return value
+
+
+def run_bench(args: argparse.Namespace) -> dict:
+    full, task = load(args.full, args.data)
+    pruned, _ = load(args.pruned, args.data)
+    models = {"full": full, "pruned": pruned}
+    items = sentences(task, args.subset, args.max_sentences)
+    src_len = round(sum(len(i["source"]) for i in items) / len(items))
+    tgt_len = round(sum(len(i["target"]) for i in items) / len(items))
+    report: dict = {
+        "threads": torch.get_num_threads(),
+        "sentences": len(items),
+        "heads": {n: [a.num_heads for _, _, a in attention_modules(m)] for n, m in models.items()},
+        "params": {n: sum(p.numel() for p in m.parameters()) for n, m in models.items()},
+        "rows": [],
+    }
+    pred_enc = encoder_macs(full, src_len) / encoder_macs(pruned, src_len)
+    pred_gen = generation_macs(full, src_len, tgt_len, args.beam) / generation_macs(
+        pruned, src_len, tgt_len, args.beam
+    )
+    gens = {n: task.build_generator([m], Namespace(beam=args.beam)) for n, m in models.items()}
+    for bs in args.batch_sizes:
+        batches = make_batches(task, args.subset, items, bs)
+
+        def encode(model):
+            return lambda b: model.encoder(
+                b["net_input"]["src_tokens"], src_lengths=b["net_input"]["src_lengths"]
+            )
+
+        enc = best_of({n: encode(m) for n, m in models.items()}, batches, args.repeats)
+        report["rows"].append(_row("encoder forward", bs, len(items), enc, pred_enc))
+        n_gen = min(len(items), args.generate_sentences or len(items))
+        gen_batches = make_batches(task, args.subset, items[:n_gen], bs)
+
+        def generate(name):
+            return lambda b: task.inference_step(gens[name], [models[name]], b)
+
+        gen = best_of({n: generate(n) for n in models}, gen_batches, max(1, args.repeats - 1))
+        row = _row(f"generate beam {args.beam}", bs, n_gen, gen, pred_gen)
+        for n, m in models.items():  # output length, to compare per generated token
+            row[f"{n}_tokens"] = generated_tokens(task, gens[n], m, gen_batches)
+        report["rows"].append(row)
+    probe = make_batches(task, args.subset, items[: max(args.batch_sizes)], max(args.batch_sizes))[
+        0
+    ]
+    report["incremental_state_bytes"] = {
+        n: incremental_state_bytes(m, probe, args.beam, tgt_len) for n, m in models.items()
+    }
+    if args.memory:
+        bs = max(args.batch_sizes)
+        report["peak_rss_bytes"] = {
+            n: peak_rss(p, args.data, args.subset, len(items), bs, args.beam)
+            for n, p in (("full", args.full), ("pruned", args.pruned))
+        }
+    return report
+
+
+def _row(what: str, bs: int, n: int, times: dict, predicted: float) -> dict:
+    measured = times["full"] / times["pruned"]
+    return {
+        "what": what,
+        "batch": bs,
+        "full_sent_per_s": n / times["full"],
+        "pruned_sent_per_s": n / times["pruned"],
+        "speedup": measured,
+        "predicted": predicted,
+        "measured_over_predicted": (measured - 1) / (predicted - 1) if predicted > 1 else None,
+    }
+
+
+def format_report(r: dict) -> str:
+    lines = [
+        f"{r['sentences']} sentences, {r['threads']} threads; heads per attention layer: "
+        f"full {r['heads']['full']}, pruned {r['heads']['pruned']}",
+        f"parameters: full {r['params']['full']:,}, pruned {r['params']['pruned']:,}",
+        f"{'measure':<18}{'batch':>6}{'full sent/s':>13}{'pruned sent/s':>15}"
+        f"{'speed-up':>10}{'predicted':>11}{'gain measured/predicted':>25}",
+    ]
+    for row in r["rows"]:
+        ratio = row["measured_over_predicted"]
+        lines.append(
+            f"{row['what']:<18}{row['batch']:>6}{row['full_sent_per_s']:>13.1f}"
+            f"{row['pruned_sent_per_s']:>15.1f}{row['speedup']:>9.3f}x{row['predicted']:>10.3f}x"
+            f"{'n/a' if ratio is None else f'{ratio:.2f}':>25}"
+        )
+    for row in r["rows"]:
+        if "full_tokens" in row:
+            per_tok = (row["full_tokens"] / row["full_sent_per_s"]) / (
+                row["pruned_tokens"] / row["pruned_sent_per_s"]
+            )
+            lines.append(
+                f"  batch {row['batch']}: generated tokens full {row['full_tokens']}, pruned "
+                f"{row['pruned_tokens']}; speed-up per generated token {per_tok:.3f}x"
+            )
+    inc = r["incremental_state_bytes"]
+    lines.append(f"incremental decoder state: full {inc['full']:,} B, pruned {inc['pruned']:,} B")
+    if "peak_rss_bytes" in r:
+        rss = r["peak_rss_bytes"]
+        lines.append(
+            f"peak RSS while translating: full {rss['full']:,} B, pruned {rss['pruned']:,} B"
+        )
+    return "\n".join(lines)
+
+
+def add_bench_parser(sub) -> None:
+    p = sub.add_parser("bench", help="speed and memory of a full vs a pruned checkpoint")
+    p.add_argument("data", help="fairseq data-bin of the models")
+    p.add_argument("--full", required=True, help="the unpruned checkpoint")
+    p.add_argument("--pruned", required=True, help="the exported, pruned checkpoint")
+    p.add_argument("--subset", default="test")
+    p.add_argument("--max-sentences", type=int, default=512, help="sentences to time")
+    p.add_argument("--generate-sentences", type=int, default=0, help="cap for beam search (0: all)")
+    p.add_argument("--batch-sizes", type=int, nargs="+", default=[1, 16, 64])
+    p.add_argument("--beam", type=int, default=5)
+    p.add_argument("--repeats", type=int, default=3, help="timed rounds; the best counts")
+    p.add_argument("--memory", action="store_true", help="also measure peak RSS (subprocesses)")
+    p.add_argument("--json-out", help="write the report as JSON here")
+    p.set_defaults(func=cmd_bench)
+
+
+def cmd_bench(args: argparse.Namespace) -> None:
+    report = run_bench(args)
+    print(format_report(report))
+    if args.json_out:
+        with open(args.json_out, "w", encoding="utf-8") as f:
+            json.dump(report, f, indent=1)
