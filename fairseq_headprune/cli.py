@@ -19,8 +19,8 @@ import torch
 
 from fairseq_headprune.bench import add_bench_parser
 from fairseq_headprune.checkpoint_io import gates_from_state, load_checkpoint
-from fairseq_headprune.export import export_pruned
-from fairseq_headprune.gated_transformer import SITES, layer_of, site_of
+from fairseq_headprune.export import export_pruned, mask_from_scores
+from fairseq_headprune.gated_transformer import SITES, layer_of, parse_sites, site_of
 from fairseq_headprune.hard_concrete import HardConcreteGate
 from fairseq_headprune.scoring.command import add_score_parser
 
@@ -74,10 +74,19 @@ def add_gates_parser(sub) -> None:
 
 def cmd_export(args: argparse.Namespace) -> None:
     mask = None
+    if args.mask and args.scores:
+        raise ValueError("give either --mask or --scores, not both")
     if args.mask:
         with open(args.mask, encoding="utf-8") as f:
             mask = json.load(f)
+    elif args.scores:
+        if args.metric is None or args.top_k is None:
+            raise ValueError("--scores needs --metric and --top-k")
+        sites = parse_sites(args.score_types, "--score-types")
+        mask = mask_from_scores(args.scores, args.metric, args.top_k, sites, args.ascending)
     report = export_pruned(args.path, args.out, mask=mask, force=args.force)
+    for note in report["notes"]:
+        print(f"note: {note}")
     for site, (kept, total) in report["heads"].items():
         print(f"{site}: kept {kept}/{total} heads")
     before, after = report["params_before"], report["params_after"]
@@ -94,6 +103,20 @@ def add_export_parser(sub) -> None:
         help='JSON file of heads to keep: {"enc-self": [[head indices] per layer], ...} or '
         "rows of true/false per head; required for checkpoints without gates",
     )
+    p.add_argument("--scores", help="heads.json of `fairseq-headprune score`: keep the top heads")
+    p.add_argument(
+        "--metric",
+        help="with --scores: the metric to rank by (e.g. lrp, importance, confidence)"
+        ", or random:SEED",
+    )
+    p.add_argument("--top-k", type=int, help="with --scores: how many heads to keep")
+    p.add_argument(
+        "--score-types",
+        default="enc-self",
+        help="with --scores: attention types ranked "
+        "(the others keep every head; default: enc-self)",
+    )
+    p.add_argument("--ascending", action="store_true", help="with --scores: lower is better")
     p.add_argument("--force", action="store_true", help="overwrite --out if it exists")
     p.set_defaults(func=cmd_export)
 

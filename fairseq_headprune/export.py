@@ -20,10 +20,12 @@ from __future__ import annotations
 
 import copy
 import json
+from collections.abc import Sequence
 from pathlib import Path
 
 import torch
 
+from fairseq_headprune import budget
 from fairseq_headprune.checkpoint_io import (
     GATE_SUFFIX,
     atomic_save,
@@ -106,11 +108,24 @@ def export_pruned(
         raise FileExistsError(f"{out} exists; pass --force to overwrite it")
     state = load_checkpoint(path)
     layout = attention_layout(state)
-    gates = {p: g.deterministic().detach() for p, g in gates_from_state(state).items()}
+    gate_modules = gates_from_state(state)
+    gates = {p: g.deterministic().detach() for p, g in gate_modules.items()}
+    notes = []
     if mask is not None:
         kept = mask_to_kept(mask, layout)
     elif gates:
         kept = {p: torch.nonzero(g > 0).flatten().tolist() for p, g in gates.items()}
+        budget_kept = _target_heads_kept(state, gate_modules) or {}
+        if any(kept[p] != heads for p, heads in budget_kept.items()):
+            n_det = sum(len(kept[p]) for p in budget_kept)
+            n_k = sum(map(len, budget_kept.values()))
+            notes.append(
+                f"the deterministic gates leave {n_det} budgeted heads open; keeping the {n_k} "
+                "heads of highest P(open) that the run's --target-heads asks for"
+            )
+            for p, heads in budget_kept.items():  # a kept head whose gate is 0 counts fully
+                gates[p][[h for h in heads if gates[p][h] == 0]] = 1.0
+            kept.update(budget_kept)
     else:
         raise ValueError(f"{path} has no head gates: give a --mask of the heads to keep")
     shapes = {p: (n, d) for p, (n, d, _) in layout.items()}
@@ -151,8 +166,72 @@ def export_pruned(
         "out": str(out),
         "kept_heads": kept_heads,
         "heads": {s: [sum(map(len, rows)), _count(layout, s)] for s, rows in kept_heads.items()},
+        "notes": notes,
         "params_before": n_params(state["model"]),
         "params_after": n_params(pruned),
+    }
+
+
+def _target_heads_kept(state: dict, gate_modules: dict) -> dict[str, list[int]] | None:
+    """Top-K heads by P(open) of the attention types that ``--target-heads`` budgeted."""
+    criterion = (state.get("cfg") or {}).get("criterion") or {}
+    spec = criterion.get("target_heads") if isinstance(criterion, dict) else None
+    if not spec:
+        return None
+    prefixes: dict[str, list[str]] = {}
+    for p in sorted(gate_modules, key=layer_of):
+        prefixes.setdefault(site_of(p), []).append(p)
+    targets = budget.parse_target_heads(spec, list(prefixes))
+    with torch.no_grad():
+        prob = {
+            s: torch.stack([gate_modules[p].prob_open() for p in ps]) for s, ps in prefixes.items()
+        }
+    mask = budget.topk_open_mask(prob, targets)
+    covered = list(prefixes) if budget.TOTAL in targets else list(targets)
+    return {
+        p: torch.nonzero(mask[s][i]).flatten().tolist()
+        for s in covered
+        for i, p in enumerate(prefixes[s])
+    }
+
+
+def mask_from_scores(
+    heads_json: str | Path,
+    metric: str,
+    k: int,
+    sites: Sequence[str] = ("enc-self",),
+    ascending: bool = False,
+) -> dict[str, list[list[int]]]:
+    """Keep the ``k`` heads of ``sites`` ranked best by ``metric`` of a scorer's heads.json.
+
+    Heads of other attention types are all kept. ``metric`` ``random:SEED`` ranks randomly.
+    """
+    with open(heads_json, encoding="utf-8") as f:
+        report = json.load(f)
+    records = [r for r in report["heads"] if r["site"] in sites]
+    if not records:
+        raise ValueError(f"{heads_json} has no heads of {list(sites)}")
+    if metric.startswith("random:"):
+        g = torch.Generator().manual_seed(int(metric.split(":", 1)[1]))
+        values = torch.rand(len(records), generator=g).tolist()
+    else:
+        if metric not in records[0]:
+            names = sorted(k for k, v in records[0].items() if isinstance(v, (int, float)))
+            raise ValueError(f"heads.json has no metric {metric!r}; numeric ones: {names}")
+        worst = float("inf") if ascending else float("-inf")
+        values = [worst if r[metric] is None else float(r[metric]) for r in records]
+    if not 0 <= k <= len(records):
+        raise ValueError(f"--top-k {k}: {list(sites)} have {len(records)} heads")
+    order = sorted(range(len(records)), key=lambda i: values[i], reverse=not ascending)
+    chosen = {(records[i]["site"], records[i]["layer"], records[i]["head"]) for i in order[:k]}
+    shape = report["sites"]
+    return {
+        s: [
+            [h for h in range(shape[s]["heads"]) if (s, i, h) in chosen]
+            for i in range(shape[s]["layers"])
+        ]
+        for s in sites
+        if s in shape
     }
 
 

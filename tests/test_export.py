@@ -197,3 +197,46 @@ def test_bad_input(stock_checkpoint, gated_checkpoint, tmp_path):
     _export("--path", gated_checkpoint, "--out", out, "--force")
     assert "model" in load_state(out)
     assert not list(tmp_path.glob("*.tmp"))
+
+
+def test_export_keeps_the_target_heads_budget(gated_checkpoint, tmp_path):
+    """A --target-heads run whose deterministic gates missed K: the top K by P(open) are kept."""
+    state = load_state(gated_checkpoint)
+    state["cfg"]["criterion"] = dict(state["cfg"]["criterion"] or {}, target_heads="enc-self:4")
+    torch.save(state, tmp_path / "budget.pt")
+    out = cli(
+        "fairseq-headprune", "export", "--path", tmp_path / "budget.pt", "--out", tmp_path / "p.pt"
+    )
+    assert "deterministic gates leave 3 budgeted heads open; keeping the 4" in out.stdout
+    kept = json.loads((tmp_path / "p.pt.heads.json").read_text())
+    # enc-self P(open) is monotone in θ: 6, 1, 0 and then one of the -6 heads (the first)
+    assert kept["enc-self"] == [[0, 1, 2, 3], []]
+    assert kept["dec-enc"] == [[1, 3], [0, 2, 3]]  # not budgeted: the open gates decide
+
+
+def test_export_top_k_by_a_scorer_metric(stock_checkpoint, tiny_data, tmp_path):
+    cli(
+        "fairseq-headprune", "score", tiny_data, "--path", stock_checkpoint, "--subset", "valid",
+        "--metrics", "importance,confidence", "--out", tmp_path / "scores",
+    )  # fmt: skip
+    report = json.loads((tmp_path / "scores" / "heads.json").read_text())
+    enc = [r for r in report["heads"] if r["site"] == "enc-self"]
+    best = sorted(enc, key=lambda r: -r["importance"])[:3]
+    for metric in ("importance", "random:1"):
+        out = tmp_path / f"{metric.replace(':', '')}.pt"
+        cli(
+            "fairseq-headprune", "export", "--path", stock_checkpoint, "--out", out,
+            "--scores", tmp_path / "scores" / "heads.json", "--metric", metric, "--top-k", "3",
+        )  # fmt: skip
+        kept = json.loads(out.with_name(out.name + ".heads.json").read_text())
+        assert sum(map(len, kept["enc-self"])) == 3 and kept["dec-enc"] == [[0, 1, 2, 3]] * 2
+        if metric == "importance":
+            assert {(r["layer"], r["head"]) for r in best} == {
+                (i, h) for i, row in enumerate(kept["enc-self"]) for h in row
+            }
+    proc = cli(
+        "fairseq-headprune", "export", "--path", stock_checkpoint, "--out", tmp_path / "x.pt",
+        "--scores", tmp_path / "scores" / "heads.json", "--metric", "nope", "--top-k", "3",
+        check=False,
+    )  # fmt: skip
+    assert proc.returncode != 0 and "has no metric 'nope'" in proc.stderr
