@@ -13,6 +13,7 @@ setup(
     long_description_content_type="text/markdown",
     python_requires=">=3.10",
     packages=find_packages(include=["fairseq_headprune", "fairseq_headprune.*"]),
+    package_data={"fairseq_headprune.scoring": ["heads.schema.json"]},
     install_requires=[
         # CPU wheel here; scripts/setup.sh installs it first so nothing pulls a CUDA build.
         "torch==2.13.0",
