@@ -12,7 +12,10 @@ docs/scoring.md.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import logging
+import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import torch
@@ -126,23 +129,26 @@ def score(args: argparse.Namespace) -> dict:
     if "similarity" in metrics:
         scorers.append(HeadSimilarity())
     if scorers:
-        run_pass(sm, batches, scorers)
+        with _phase("one pass: " + ", ".join(type(s).__name__ for s in scorers)):
+            run_pass(sm, batches, scorers)
         for scorer in scorers:
             scores.update(scorer.result())
     if "lrp" in metrics:
-        scores.update(LRPRelevance()(sm, batches))
+        with _phase("LRP relevance"):
+            scores.update(LRPRelevance()(sm, batches))
     if "ablation" in metrics or "curve" in metrics:
-        base_loss, delta = (
-            single_head_ablation(sm, batches)
-            if "ablation" in metrics
-            else (
-                sm.mean_loss(batches),
-                None,
+        with _phase("single-head ablation" if "ablation" in metrics else "base loss"):
+            base_loss, delta = (
+                single_head_ablation(sm, batches)
+                if "ablation" in metrics
+                else (sm.mean_loss(batches), None)
             )
-        )
         if delta is not None:
             scores["ablation_delta_loss"] = delta
-        curve = ablation_curve(sm, batches, args.ablation_step) if "curve" in metrics else None
+        curve = None
+        if "curve" in metrics:
+            with _phase("greedy ablation curve"):
+                curve = ablation_curve(sm, batches, args.ablation_step)
         report["ablation"] = {"base_loss": base_loss, "curve": curve}
     _drop_unrequested(scores, metrics)
     if report["syntax"] is not None:
@@ -184,6 +190,15 @@ def score(args: argparse.Namespace) -> dict:
         **report,
     }
     return {"report": report, "scores": scores}
+
+
+@contextlib.contextmanager
+def _phase(name: str) -> Iterator[None]:
+    """Log the start and the duration of a scoring phase (progress bars show only on a tty)."""
+    logger.info("%s ...", name)
+    t0 = time.perf_counter()
+    yield
+    logger.info("%s done in %.1f s", name, time.perf_counter() - t0)
 
 
 def _drop_unrequested(scores: dict, metrics: list[str]) -> None:
