@@ -9,6 +9,9 @@
 #   BASELINE_DIR [$WORK_DIR/baseline]          MAX_EPOCH [25]   MAX_TOKENS [4096]
 #   EMBED_DIM [256]  FFN_DIM [1024]  ENC_LAYERS [6]  DEC_LAYERS [3]  HEADS [8]
 #   EXTRA_ARGS: appended to fairseq-train (e.g. "--max-update 20" for a smoke run)
+#   ARCH [transformer]   ARCH_ARGS: model flags given after the shape and dropout flags above
+#   (a later flag wins), e.g. recipes/controls.sh's pruned structure trained from scratch:
+#   ARCH=gated_transformer ARCH_ARGS="--kept-heads K.json --head-gates none"
 # Resumable: fairseq-train continues from $BASELINE_DIR/checkpoint_last.pt; the step is
 # skipped when the run has reached MAX_EPOCH.
 set -euo pipefail
@@ -24,6 +27,8 @@ ENC_LAYERS="${ENC_LAYERS:-6}"
 DEC_LAYERS="${DEC_LAYERS:-3}"
 HEADS="${HEADS:-8}"
 EXTRA_ARGS="${EXTRA_ARGS:-}"
+ARCH="${ARCH:-transformer}"
+ARCH_ARGS="${ARCH_ARGS:-}"
 
 if [[ -f "$BASELINE_DIR/DONE" ]]; then
   log "baseline already trained: $BASELINE_DIR"; exit 0
@@ -33,12 +38,12 @@ log "training baseline -> $BASELINE_DIR (log: $BASELINE_DIR/train.log)"
 # shellcheck disable=SC2086
 fairseq-train "$DATA_BIN" --user-dir "$USER_DIR" \
   --task translation --source-lang "$SRC" --target-lang "$TGT" \
-  --arch transformer --share-all-embeddings \
+  --arch "$ARCH" --share-all-embeddings \
   --encoder-layers "$ENC_LAYERS" --decoder-layers "$DEC_LAYERS" \
   --encoder-attention-heads "$HEADS" --decoder-attention-heads "$HEADS" \
   --encoder-embed-dim "$EMBED_DIM" --decoder-embed-dim "$EMBED_DIM" \
   --encoder-ffn-embed-dim "$FFN_DIM" --decoder-ffn-embed-dim "$FFN_DIM" \
-  --dropout 0.3 --attention-dropout 0.1 --weight-decay 0.0001 \
+  --dropout 0.3 --attention-dropout 0.1 $ARCH_ARGS --weight-decay 0.0001 \
   --optimizer adam --adam-betas '(0.9, 0.98)' --clip-norm 1.0 \
   --lr 1e-3 --lr-scheduler inverse_sqrt --warmup-updates 500 --warmup-init-lr 1e-7 \
   --criterion label_smoothed_cross_entropy --label-smoothing 0.1 \

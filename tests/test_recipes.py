@@ -63,3 +63,66 @@ def test_evaluate_refuses_incomplete_output(raw_dir, tmp_path):
         capture_output=True, text=True,
     )  # fmt: skip
     assert proc.returncode != 0 and "1 hypotheses for 20 references" in proc.stderr
+
+
+# One process per torch thread: on a loaded 2-core machine torch's default 2 threads per
+# process spin against each other (beam search of the tiny model: 0.4 s vs 30 s).
+FAST = {"OMP_NUM_THREADS": "1"}
+
+
+@pytest.fixture(scope="module")
+def quickstart_work(raw_dir, tmp_path_factory) -> Path:
+    """The quickstart's outputs (baseline, pruned run, their BLEU), made once per module."""
+    work = tmp_path_factory.mktemp("quickstart")
+    _run("quickstart.sh", work, raw_dir, **FAST)
+    return work
+
+
+def test_controls_and_report(quickstart_work, raw_dir):
+    work = quickstart_work
+    # a budget of 5 of the 8 encoder heads: the pruned run's structure under a mask, exported
+    mask = work / "keep5.json"
+    mask.write_text(json.dumps({"enc-self": [[0, 2], [1, 2, 3]]}))
+    structure = work / "structure5.pt"
+    subprocess.run(
+        [str(BIN / "fairseq-headprune"), "export", "--mask", str(mask), "--out", str(structure),
+         "--path", str(work / "prune" / "enc-self-l0.05" / "checkpoint_best.pt")],
+        check=True, capture_output=True,
+    )  # fmt: skip
+    settings = dict(
+        FAST, BASELINE=str(work / "baseline" / "checkpoint_best.pt"), PRUNED=str(structure),
+        SEEDS="1", FT_EPOCHS="1", SCRATCH_EPOCHS="1", SCORE_SENTENCES="20", SUBSETS="test",
+    )  # fmt: skip
+    _run("controls.sh", work, raw_dir, **settings)
+    names = ["scratch-k5", "random-s1-k5", "michel-k5", "lrp-k5"]
+    for name in names:
+        assert (work / "eval" / name / "test_2016_flickr.json").exists(), name
+        assert (work / "controls" / name / "DONE").exists(), name
+        kept = json.loads((work / "eval" / name / "model.json").read_text())["kept_heads"]
+        assert sum(map(len, kept["enc-self"])) == 5, name
+    # Michel et al.: 10 % of the 8 heads (1) per importance step, 8 -> 5 in three steps
+    steps = json.loads((work / "controls" / "michel-k5" / "mask.json.steps.json").read_text())
+    assert [len(s["removed"]) for s in steps["steps"]] == [0, 1, 1, 1]
+    # the scratch run has the structure's exact heads
+    scratch_heads = (work / "controls" / "scratch-k5" / "kept_heads.json").read_text()
+    assert scratch_heads == Path(f"{structure}.heads.json").read_text()
+    # resumable: a second run finds every step done
+    _run("controls.sh", work, raw_dir, **dict(settings, CONTROLS="michel lrp"))
+
+    env = dict(os.environ, **FAST, WORK_DIR=str(work))
+    proc = subprocess.run(
+        [str(BIN / "python"), str(REPO / "recipes" / "report.py")],
+        capture_output=True, text=True, env=env,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    report = (work / "report" / "report.md").read_text()
+    assert (work / "report" / "bleu_vs_heads.png").stat().st_size > 0
+    rows = {line.split("|")[1].strip(): line for line in report.splitlines() if "|" in line}
+    for name, method, heads in [
+        ("baseline", "baseline", "8/8"), ("pruned-l0.05", "voita", None),
+        ("scratch-k5", "scratch", "5/8"), ("random-s1-k5", "random", "5/8"),
+        ("michel-k5", "michel", "5/8"), ("lrp-k5", "lrp", "5/8"),
+    ]:  # fmt: skip
+        assert f"| {method} |" in rows[name], rows[name]
+        assert heads is None or f"| {heads} |" in rows[name], rows[name]
+    assert "mean ± sd" in report

@@ -1,0 +1,132 @@
+#!/usr/bin/env bash
+# The controls of Voita et al. 2019 at the head budget of a pruned run: the same number of
+# heads kept, chosen or trained another way, each fine-tuned (or trained) with the same budget
+# as the pruned run, then evaluated with recipes/evaluate.sh.
+#
+# Settings (environment variables, defaults in brackets):
+#   BASELINE     the converged stock model [$WORK_DIR/baseline/checkpoint_best.pt]
+#   PRUNED       a pruned gated checkpoint (prune.sh's checkpoint_best.pt; its open heads are
+#                exported) or an exported model (PRUNED.heads.json next to it). Required.
+#                Its kept-head count per attention type is the budget: K encoder heads (and,
+#                after joint pruning, the count of each other reduced type).
+#   CONTROLS     ["scratch random michel lrp"]   SEEDS ["1 2 3"] (random)
+#   FT_EPOCHS    fine-tuning epochs, = prune.sh's MAX_EPOCH [10] (random, michel, lrp)
+#   SCRATCH_EPOCHS  epochs of the from-scratch run, = the baseline's [25]
+#   SCORE_SENTENCES valid sentences for the LRP and importance scores [2000, i.e. all]
+#   MICHEL_STEP  heads removed per importance step [0: 10 % of the type's heads]
+#   SUBSETS, BEAM, BATCH_SIZE: see evaluate.sh; MAX_TOKENS, EXTRA_ARGS: passed to
+#   fairseq-train (train_baseline.sh, finetune_pruned.sh)
+#
+# Runs, each in $WORK_DIR/controls/<name>-<tag> (tag k<K>, e.g. k6) and evaluated as
+# $WORK_DIR/eval/<name>-<tag>/ (with a model.json for recipes/report.py):
+#   scratch      the pruned structure (kept-heads JSON) trained from scratch with the
+#                baseline's recipe (train_baseline.sh, --arch gated_transformer --kept-heads
+#                FILE --head-gates none, the baseline's model flags)
+#   random-s<S>  K encoder heads of the baseline at random (seed S), exported, fine-tuned
+#   michel       Michel et al. 2019: iterative gradient-importance pruning of the baseline
+#                (importance recomputed under the mask after each 10 % step), fine-tuned
+#   lrp          the top K encoder heads of the baseline by LRP relevance, fine-tuned
+# Fine-tuning (recipes/finetune_pruned.sh) is prune.sh's: Adam lr 5e-4 fixed, decoder frozen,
+# FT_EPOCHS epochs, checkpoint by validation nll. Resumable: finished steps are skipped
+# (DONE markers, existing outputs).
+set -euo pipefail
+HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
+source "$HERE/lib/common.sh"
+
+BASELINE="${BASELINE:-$WORK_DIR/baseline/checkpoint_best.pt}"
+PRUNED="${PRUNED:-}"
+CONTROLS="${CONTROLS:-scratch random michel lrp}"
+SEEDS="${SEEDS:-1 2 3}"
+FT_EPOCHS="${FT_EPOCHS:-10}"
+SCRATCH_EPOCHS="${SCRATCH_EPOCHS:-25}"
+SCORE_SENTENCES="${SCORE_SENTENCES:-2000}"
+MICHEL_STEP="${MICHEL_STEP:-0}"
+ctl="$WORK_DIR/controls"
+
+[[ -f "$BASELINE" ]] || die "no baseline checkpoint at $BASELINE"
+[[ -n "$PRUNED" && -f "$PRUNED" ]] || die "set PRUNED to a pruned checkpoint (got '$PRUNED')"
+mkdir -p "$ctl"
+
+# The budget: the kept heads of the pruned model.
+if [[ -f "$PRUNED.heads.json" ]]; then
+  structure="$PRUNED.heads.json"
+else
+  name="$(basename "$(dirname "$PRUNED")")-$(basename "$PRUNED" .pt)"
+  out="$ctl/structures/$name.pt"
+  if [[ ! -f "$out.heads.json" ]]; then
+    mkdir -p "$ctl/structures"
+    fairseq-headprune export --path "$PRUNED" --out "$out" --force
+  fi
+  structure="$out.heads.json"
+fi
+{ read -r tag; read -r budget; } < <(python "$HERE/lib/controls.py" budget --baseline "$BASELINE" --kept "$structure")
+[[ -n "${budget:-}" ]] || die "could not read the head budget of $structure"
+log "budget of $PRUNED: $budget (runs: $ctl/*-$tag)"
+
+evaluate() {  # NAME METHOD CKPT KEPT_JSON [SEED]
+  local name="$1" method="$2" ckpt="$3" kept="$4" seed=()
+  [[ $# -ge 5 ]] && seed=(--seed "$5")
+  python "$HERE/lib/controls.py" record --eval-dir "$WORK_DIR/eval/$name" --method "$method" \
+    --checkpoint "$ckpt" --kept "$kept" "${seed[@]}"
+  bash "$HERE/evaluate.sh" "$name" "$ckpt"
+}
+
+scores() {  # the baseline's LRP relevance (also the head list of random:SEED)
+  local dir="$ctl/scores-baseline"
+  [[ -s "$dir/heads.json" ]] || fairseq-headprune score "$DATA_BIN" --path "$BASELINE" \
+    --subset valid --metrics lrp --max-sentences "$SCORE_SENTENCES" --out "$dir" --force >&2
+  echo "$dir/heads.json"
+}
+
+prune_and_finetune() {  # NAME METHOD [SEED]: export $run/mask.json from the baseline, fine-tune
+  local name="$1" run="$ctl/$1"
+  [[ -s "$run/mask.json" ]] || die "internal: no mask for $name"
+  [[ -f "$run/pruned.pt.heads.json" ]] || fairseq-headprune export --path "$BASELINE" \
+    --mask "$run/mask.json" --out "$run/pruned.pt" --force
+  MAX_EPOCH="$FT_EPOCHS" bash "$HERE/finetune_pruned.sh" "$run" "$run/pruned.pt"
+  evaluate "$name" "$2" "$run/checkpoint_best.pt" "$run/pruned.pt.heads.json" "${@:3}"
+}
+
+for control in $CONTROLS; do
+  case "$control" in
+    scratch)
+      run="$ctl/scratch-$tag"
+      mkdir -p "$run"
+      if [[ -f "$run/kept_heads.json" ]] && ! cmp -s "$structure" "$run/kept_heads.json"; then
+        die "$run was trained on another structure of $tag heads; move it away first"
+      fi
+      cp "$structure" "$run/kept_heads.json"
+      model_flags="$(python "$HERE/lib/model_flags.py" "$BASELINE")"
+      BASELINE_DIR="$run" MAX_EPOCH="$SCRATCH_EPOCHS" ARCH=gated_transformer \
+        ARCH_ARGS="$model_flags --kept-heads $run/kept_heads.json --head-gates none" \
+        bash "$HERE/train_baseline.sh"
+      evaluate "scratch-$tag" scratch "$run/checkpoint_best.pt" "$run/kept_heads.json"
+      ;;
+    random)
+      for seed in $SEEDS; do
+        run="$ctl/random-s$seed-$tag"
+        mkdir -p "$run"
+        [[ -s "$run/mask.json" ]] || python "$HERE/lib/controls.py" topk --scores "$(scores)" \
+          --metric "random:$seed" --budget "$budget" --out "$run/mask.json"
+        prune_and_finetune "random-s$seed-$tag" random "$seed"
+      done
+      ;;
+    michel)
+      run="$ctl/michel-$tag"
+      mkdir -p "$run"
+      [[ -s "$run/mask.json" ]] || python "$HERE/lib/controls.py" michel --data "$DATA_BIN" \
+        --path "$BASELINE" --budget "$budget" --step "$MICHEL_STEP" \
+        --max-sentences "$SCORE_SENTENCES" --out "$run/mask.json"
+      prune_and_finetune "michel-$tag" michel
+      ;;
+    lrp)
+      run="$ctl/lrp-$tag"
+      mkdir -p "$run"
+      [[ -s "$run/mask.json" ]] || python "$HERE/lib/controls.py" topk --scores "$(scores)" \
+        --metric lrp --budget "$budget" --out "$run/mask.json"
+      prune_and_finetune "lrp-$tag" lrp
+      ;;
+    *) die "unknown control '$control' (choose from: scratch random michel lrp)" ;;
+  esac
+done
+log "controls done: $ctl/*-$tag; table: python recipes/report.py"

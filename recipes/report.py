@@ -1,0 +1,279 @@
+"""Collect the recipes' BLEU scores into one table and a BLEU-vs-heads plot (Voita et al. 2019).
+
+    python recipes/report.py [--work-dir WORK_DIR] [--model NAME=CKPT ...] [--plot-split S]
+
+Reads every ``$WORK_DIR/eval/<NAME>/<split>.json`` (written by ``recipes/evaluate.sh``) and
+writes ``$WORK_DIR/report/report.md`` (model, method, setting, encoder heads kept, BLEU per
+test set; random-head runs also as mean ± sd over seeds per head count) and
+``bleu_vs_heads.png`` (BLEU on ``--plot-split`` vs encoder heads kept, one marker set per
+method).
+
+Which model an evaluation belongs to, first rule that applies:
+
+1. ``eval/<NAME>/model.json`` — ``{"method", "checkpoint", "kept_heads", "seed"?}``, written by
+   ``recipes/controls.sh`` (``recipes/lib/controls.py record``); write one by hand for any
+   other model;
+2. ``--model NAME=CKPT`` on the command line;
+3. the recipes' names: ``baseline`` → ``$WORK_DIR/baseline/checkpoint_best.pt``,
+   ``pruned-<X>`` → the one ``$WORK_DIR/prune/*-<X>/checkpoint_best.pt`` (``pruned-l0.05`` →
+   ``prune/enc-self-l0.05``, as quickstart.sh and docs/results.md name them);
+4. otherwise the row is listed with method ``?`` and no head count.
+
+Heads kept and method when no model.json says so are read from the checkpoint: a gated model
+keeps the heads whose deterministic gate is > 0 (method ``target-heads`` when its criterion
+had ``--target-heads``, else ``voita``, with its λ); an exported model its ``kept_heads``; a
+stock transformer all heads (method ``baseline``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+from collections import defaultdict
+from pathlib import Path
+
+SPLITS = ["val", "test_2016_flickr", "test_2017_flickr", "test_2017_mscoco"]
+# plot style per method: (marker, connect points with a line)
+STYLE = {
+    "baseline": ("*", False),
+    "voita": ("o", True),
+    "target-heads": ("s", True),
+    "scratch": ("^", False),
+    "michel": ("D", True),
+    "random": ("x", True),
+    "lrp": ("v", True),
+}
+SITES = ("enc-self", "dec-self", "dec-enc")
+
+
+def checkpoint_info(path: Path, kept_heads: dict | None = None) -> dict:
+    """Method, setting and kept heads per attention type ({site: [kept, total]}).
+
+    ``kept_heads``: the heads the checkpoint's modules have (default: its ``kept_heads``)."""
+    from fairseq_headprune.checkpoint_io import gates_from_state, load_checkpoint, model_args
+    from fairseq_headprune.gated_transformer import layer_of, site_of
+    from fairseq_headprune.pruning import parse_kept_heads
+
+    state = load_checkpoint(path)
+    args = model_args(state)
+    full = {"enc-self": (args.encoder_layers, args.encoder_attention_heads)}
+    full["dec-self"] = full["dec-enc"] = (args.decoder_layers, args.decoder_attention_heads)
+    if kept_heads is None:
+        kept_heads = parse_kept_heads(getattr(args, "kept_heads", None))
+    kept = kept_heads
+    kept = {s: kept.get(s) or [list(range(h)) for _ in range(n)] for s, (n, h) in full.items()}
+    gates = gates_from_state(state)
+    for prefix, gate in gates.items():  # gates index the heads the module has now
+        site, layer = site_of(prefix), layer_of(prefix)
+        det = gate.deterministic().tolist()
+        kept[site][layer] = [h for h, g in zip(kept[site][layer], det) if g > 0]
+    criterion = (state.get("cfg") or {}).get("criterion") or {}
+    if not isinstance(criterion, dict):
+        criterion = vars(criterion)
+    if gates and criterion.get("target_heads"):
+        method, setting = "target-heads", f"target {criterion['target_heads']}"
+    elif gates:
+        method, setting = "voita", f"λ={criterion.get('l0_lambda')}"
+    elif getattr(args, "kept_heads", None):
+        method, setting = "exported", ""
+    else:
+        method, setting = "baseline", ""
+    return {"method": method, "setting": setting, "heads": count(kept, full)}
+
+
+def count(kept: dict, full: dict) -> dict:
+    return {s: [sum(map(len, kept.get(s, []))), n * h] for s, (n, h) in full.items()}
+
+
+def collect(work: Path, models: dict[str, str]) -> list[dict]:
+    rows = []
+    for folder in sorted(p for p in (work / "eval").glob("*") if p.is_dir()):
+        name = folder.name
+        bleu = {}
+        for split in SPLITS:
+            f = folder / f"{split}.json"
+            if f.is_file():
+                bleu[split] = json.loads(f.read_text())["bleu"]
+        if not bleu:
+            continue
+        row = {"name": name, "bleu": bleu, "method": "?", "setting": "", "heads": None}
+        record = folder / "model.json"
+        ckpt = None
+        if record.is_file():
+            rec = json.loads(record.read_text())
+            row["method"] = rec["method"]
+            row["setting"] = f"seed {rec['seed']}" if "seed" in rec else ""
+            ckpt = rec.get("checkpoint")
+            if rec.get("kept_heads") is not None and ckpt and Path(ckpt).is_file():
+                # totals (and any closed gate) from the checkpoint
+                info = checkpoint_info(Path(ckpt), rec["kept_heads"])
+                row["heads"] = info["heads"]
+            elif rec.get("kept_heads") is not None:
+                row["heads"] = {s: [sum(map(len, v)), None] for s, v in rec["kept_heads"].items()}
+        else:
+            ckpt = models.get(name) or default_checkpoint(work, name)
+            if ckpt and Path(ckpt).is_file():
+                info = checkpoint_info(Path(ckpt))
+                row.update(method=info["method"], setting=info["setting"], heads=info["heads"])
+        row["checkpoint"] = ckpt
+        rows.append(row)
+    return rows
+
+
+def default_checkpoint(work: Path, name: str) -> str | None:
+    if name == "baseline":
+        return str(work / "baseline" / "checkpoint_best.pt")
+    if name.startswith("pruned-"):
+        found = sorted((work / "prune").glob(f"*-{name[len('pruned-') :]}/checkpoint_best.pt"))
+        if len(found) == 1:
+            return str(found[0])
+    return None
+
+
+def enc_heads(row: dict) -> int | None:
+    heads = row["heads"] or {}
+    return heads["enc-self"][0] if "enc-self" in heads else None
+
+
+def fmt_heads(row: dict) -> str:
+    heads = row["heads"]
+    if not heads:
+        return "?"
+    text = "{}/{}".format(*heads["enc-self"]) if "enc-self" in heads else "?"
+    others = [f"{s} {k}/{t}" for s, (k, t) in heads.items() if s != "enc-self" and k != t]
+    return text + (f" ({', '.join(others)})" if others else "")
+
+
+def random_groups(rows: list[dict]) -> dict[int, list[dict]]:
+    groups = defaultdict(list)
+    for row in rows:
+        if row["method"] == "random" and enc_heads(row) is not None:
+            groups[enc_heads(row)].append(row)
+    return dict(sorted(groups.items()))
+
+
+def mean_sd(values: list[float]) -> tuple[float, float | None]:
+    return statistics.mean(values), (statistics.stdev(values) if len(values) > 1 else None)
+
+
+def write_markdown(rows: list[dict], splits: list[str], path: Path) -> None:
+    order = list(STYLE) + ["exported", "?"]
+    rows = sorted(
+        rows,
+        key=lambda r: (order.index(r["method"]) if r["method"] in order else len(order),
+                       -(enc_heads(r) or 0), r["name"]),
+    )  # fmt: skip
+    lines = [
+        "# BLEU vs heads kept",
+        "",
+        "sacreBLEU of `recipes/evaluate.sh` (beam search, detokenised); encoder heads kept /",
+        "encoder heads of the full model (other attention types listed when reduced).",
+        "",
+        "| model | method | setting | encoder heads | " + " | ".join(splits) + " |",
+        "|---|---|---|---:|" + "---:|" * len(splits),
+    ]
+    for r in rows:
+        cells = [str(r["bleu"].get(s, "–")) for s in splits]
+        lines.append(
+            f"| {r['name']} | {r['method']} | {r['setting']} | {fmt_heads(r)} | "
+            + " | ".join(cells)
+            + " |"
+        )
+    groups = random_groups(rows)
+    if groups:
+        lines += [
+            "",
+            "## Random heads: mean ± sd over seeds",
+            "",
+            "| encoder heads | seeds | " + " | ".join(splits) + " |",
+            "|---:|---:|" + "---:|" * len(splits),
+        ]
+        for k, group in groups.items():
+            cells = []
+            for s in splits:
+                vals = [r["bleu"][s] for r in group if s in r["bleu"]]
+                if not vals:
+                    cells.append("–")
+                    continue
+                m, sd = mean_sd(vals)
+                cells.append(f"{m:.2f} ± {sd:.2f}" if sd is not None else f"{m:.2f} (1 seed)")
+            lines.append(f"| {k} | {len(group)} | " + " | ".join(cells) + " |")
+    lines += ["", "Plot: `bleu_vs_heads.png`.", ""]
+    path.write_text("\n".join(lines))
+
+
+def plot(rows: list[dict], split: str, path: Path) -> None:
+    import logging
+
+    import matplotlib
+
+    matplotlib.use("Agg")
+    logging.getLogger("matplotlib").setLevel(logging.WARNING)  # fairseq's logging is verbose
+    import matplotlib.pyplot as plt
+    from matplotlib.ticker import MaxNLocator
+
+    fig, ax = plt.subplots(figsize=(6.4, 4.4))
+    by_method = defaultdict(list)
+    for r in rows:
+        if split in r["bleu"] and enc_heads(r) is not None:
+            by_method[r["method"]].append((enc_heads(r), r["bleu"][split]))
+    rank = {m: i for i, m in enumerate(STYLE)}
+    for method, points in sorted(by_method.items(), key=lambda kv: rank.get(kv[0], len(rank))):
+        marker, line = STYLE.get(method, (".", False))
+        if method == "random":
+            groups = random_groups([r for r in rows if split in r["bleu"]])
+            xs = list(groups)
+            stats = [mean_sd([r["bleu"][split] for r in g]) for g in groups.values()]
+            ax.errorbar(
+                xs, [m for m, _ in stats], yerr=[sd or 0.0 for _, sd in stats],
+                marker=marker, capsize=3, label="random (mean ± sd)",
+                linestyle="-" if line and len(xs) > 1 else "none",
+            )  # fmt: skip
+            continue
+        points.sort()
+        ax.plot(
+            [x for x, _ in points], [y for _, y in points], marker=marker,
+            linestyle="-" if line and len(points) > 1 else "none", label=method,
+        )  # fmt: skip
+    ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+    ax.set_xlabel("encoder heads kept")
+    ax.set_ylabel(f"BLEU ({split})")
+    ax.grid(alpha=0.3)
+    if by_method:
+        ax.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+def main(argv: list[str] | None = None) -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument(
+        "--work-dir",
+        default=os.environ.get("WORK_DIR", str(Path.home() / "headprune-runs" / "multi30k")),
+    )
+    p.add_argument("--model", action="append", default=[], metavar="NAME=CKPT",
+                   help="the checkpoint evaluated as eval/NAME (repeatable)")  # fmt: skip
+    p.add_argument("--plot-split", default="test_2016_flickr")
+    p.add_argument("--out-dir", help="default: WORK_DIR/report")
+    args = p.parse_args(argv)
+    work = Path(args.work_dir)
+    models = dict(m.split("=", 1) for m in args.model)
+    rows = collect(work, models)
+    if not rows:
+        sys.exit(f"error: no evaluations under {work / 'eval'} (run recipes/evaluate.sh)")
+    splits = [s for s in SPLITS if any(s in r["bleu"] for r in rows)]
+    out = Path(args.out_dir) if args.out_dir else work / "report"
+    out.mkdir(parents=True, exist_ok=True)
+    write_markdown(rows, splits, out / "report.md")
+    plot(
+        rows, args.plot_split if args.plot_split in splits else splits[0], out / "bleu_vs_heads.png"
+    )
+    print(f"wrote {out / 'report.md'} and {out / 'bleu_vs_heads.png'} ({len(rows)} models)")
+
+
+if __name__ == "__main__":
+    main()
