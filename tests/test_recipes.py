@@ -15,6 +15,9 @@ TINY = {
     "FFN_DIM": "32", "ENC_LAYERS": "2", "DEC_LAYERS": "1", "HEADS": "4", "MAX_TOKENS": "2000",
     "BASELINE_EPOCHS": "2", "PRUNE_EPOCHS": "1", "BATCH_SIZE": "8", "BEAM": "2",
     "EXTRA_ARGS": "--cpu --num-workers 0",
+    # one torch thread per process: on a loaded 2-core machine torch's default two threads
+    # spin against each other (beam search of the tiny model: 0.4 s vs 30 s)
+    "OMP_NUM_THREADS": "1",
 }  # fmt: skip
 
 
@@ -43,8 +46,15 @@ def _run(script: str, work: Path, raw: Path, **env) -> str:
     return proc.stdout
 
 
-def test_quickstart_runs_end_to_end_and_resumes(raw_dir, tmp_path):
-    out = _run("quickstart.sh", tmp_path, raw_dir)
+@pytest.fixture(scope="module")
+def quickstart_run(raw_dir, tmp_path_factory) -> tuple[Path, str]:
+    """The quickstart's outputs (baseline, pruned run, their BLEU) and its stdout, made once."""
+    work = tmp_path_factory.mktemp("quickstart")
+    return work, _run("quickstart.sh", work, raw_dir)
+
+
+def test_quickstart_runs_end_to_end_and_resumes(quickstart_run, raw_dir):
+    tmp_path, out = quickstart_run
     assert "BLEU test_2016_flickr" in out and "runs: " in out
     result = json.loads((tmp_path / "eval" / "baseline" / "test_2016_flickr.json").read_text())
     assert result["sentences"] == 20 and "nrefs:1" in result["signature"]
@@ -65,17 +75,9 @@ def test_evaluate_refuses_incomplete_output(raw_dir, tmp_path):
     assert proc.returncode != 0 and "1 hypotheses for 20 references" in proc.stderr
 
 
-# One process per torch thread: on a loaded 2-core machine torch's default 2 threads per
-# process spin against each other (beam search of the tiny model: 0.4 s vs 30 s).
-FAST = {"OMP_NUM_THREADS": "1"}
-
-
 @pytest.fixture(scope="module")
-def quickstart_work(raw_dir, tmp_path_factory) -> Path:
-    """The quickstart's outputs (baseline, pruned run, their BLEU), made once per module."""
-    work = tmp_path_factory.mktemp("quickstart")
-    _run("quickstart.sh", work, raw_dir, **FAST)
-    return work
+def quickstart_work(quickstart_run) -> Path:
+    return quickstart_run[0]
 
 
 def test_controls_and_report(quickstart_work, raw_dir):
@@ -90,7 +92,7 @@ def test_controls_and_report(quickstart_work, raw_dir):
         check=True, capture_output=True,
     )  # fmt: skip
     settings = dict(
-        FAST, BASELINE=str(work / "baseline" / "checkpoint_best.pt"), PRUNED=str(structure),
+        BASELINE=str(work / "baseline" / "checkpoint_best.pt"), PRUNED=str(structure),
         SEEDS="1", FT_EPOCHS="1", SCRATCH_EPOCHS="1", SCORE_SENTENCES="20", SUBSETS="test",
     )  # fmt: skip
     _run("controls.sh", work, raw_dir, **settings)
@@ -109,7 +111,7 @@ def test_controls_and_report(quickstart_work, raw_dir):
     # resumable: a second run finds every step done
     _run("controls.sh", work, raw_dir, **dict(settings, CONTROLS="michel lrp"))
 
-    env = dict(os.environ, **FAST, WORK_DIR=str(work))
+    env = dict(os.environ, OMP_NUM_THREADS="1", WORK_DIR=str(work))
     proc = subprocess.run(
         [str(BIN / "python"), str(REPO / "recipes" / "report.py")],
         capture_output=True, text=True, env=env,
