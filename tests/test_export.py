@@ -89,6 +89,13 @@ def test_export_equals_gated_model(gated_checkpoint, tiny_data, tmp_path):
         assert float(a) == pytest.approx(float(b), abs=1e-5)
 
 
+def _export_mask(checkpoint, out, mask: dict) -> None:
+    """``fairseq-headprune export`` of ``checkpoint`` with ``mask`` (written next to ``out``)."""
+    mask_file = out.with_name(out.name + ".mask.json")
+    mask_file.write_text(json.dumps(mask))
+    cli("fairseq-headprune", "export", "--path", checkpoint, "--out", out, "--mask", mask_file)
+
+
 def _attention_params(model) -> int:
     return sum(
         p.numel() for n, p in model.named_parameters() if "_attn." in n and "head_gate" not in n
@@ -116,18 +123,8 @@ def test_stock_checkpoint_with_mask_equals_masked_model(stock_checkpoint, tiny_d
         "enc-self": [[0, 3], [1]],  # original head indices to keep
         "dec-enc": [[True, False, True, True], [False, False, False, False]],
     }
-    (tmp_path / "mask.json").write_text(json.dumps(mask))
     out = tmp_path / "masked.pt"
-    cli(
-        "fairseq-headprune",
-        "export",
-        "--path",
-        stock_checkpoint,
-        "--out",
-        out,
-        "--mask",
-        tmp_path / "mask.json",
-    )
+    _export_mask(stock_checkpoint, out, mask)
     assert json.loads((tmp_path / "masked.pt.heads.json").read_text())["enc-self"] == [[0, 3], [1]]
     pruned, task = _load(out, tiny_data)
     reference, _ = _load(stock_checkpoint, tiny_data)
@@ -148,18 +145,8 @@ def test_all_heads_pruned_is_a_valid_model_that_trains_further(
     stock_checkpoint, tiny_data, tmp_path
 ):
     none = {site: [[], []] for site in ("enc-self", "dec-self", "dec-enc")}
-    (tmp_path / "none.json").write_text(json.dumps(none))
     out = tmp_path / "empty.pt"
-    cli(
-        "fairseq-headprune",
-        "export",
-        "--path",
-        stock_checkpoint,
-        "--out",
-        out,
-        "--mask",
-        tmp_path / "none.json",
-    )
+    _export_mask(stock_checkpoint, out, none)
     _hypotheses(out, tiny_data)
     # fine-tune the pruned model further with the real fairseq-train
     kept = tmp_path / "empty.pt.heads.json"
