@@ -142,8 +142,12 @@ def fmt_heads(row: dict) -> str:
     heads = row["heads"]
     if not heads:
         return "?"
-    text = "{}/{}".format(*heads["enc-self"]) if "enc-self" in heads else "?"
-    others = [f"{s} {k}/{t}" for s, (k, t) in heads.items() if s != "enc-self" and k != t]
+
+    def kept_of(kept: int, total: int | None) -> str:  # the total is unknown without a model
+        return str(kept) if total is None else f"{kept}/{total}"
+
+    text = kept_of(*heads["enc-self"]) if "enc-self" in heads else "?"
+    others = [f"{s} {kept_of(k, t)}" for s, (k, t) in heads.items() if s != "enc-self" and k != t]
     return text + (f" ({', '.join(others)})" if others else "")
 
 
