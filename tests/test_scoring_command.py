@@ -101,3 +101,12 @@ def test_score_rejects_a_non_transformer(tiny_data, tmp_path):
     assert (tmp_path / "lstm" / "checkpoint_last.pt").exists()
     err = _fails(tiny_data, tmp_path / "lstm" / "checkpoint_last.pt", tmp_path)
     assert "not a fairseq transformer" in err
+
+
+def test_score_refuses_an_exported_model_with_a_clear_error(stock_checkpoint, tiny_data, tmp_path):
+    mask = tmp_path / "mask.json"
+    mask.write_text('{"enc-self": [[0, 1], [2]]}')
+    pruned = tmp_path / "pruned.pt"
+    cli("fairseq-headprune", "export", "--path", stock_checkpoint, "--out", pruned, "--mask", mask)
+    err = _fails(tiny_data, pruned, tmp_path, "--metrics", "confidence")
+    assert "score the gated checkpoint it was exported from" in err

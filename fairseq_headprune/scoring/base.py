@@ -96,6 +96,12 @@ class ScoringModel:
                 f"{type(model).__name__} is not a fairseq transformer: the scorer needs a "
                 "'transformer' or 'gated_transformer' checkpoint"
             )
+        if getattr(getattr(model, "args", None), "kept_heads", None):
+            raise ValueError(
+                "this checkpoint is physically pruned (`fairseq-headprune export`), so its "
+                "layers have different numbers of heads: score the gated checkpoint it was "
+                "exported from instead (its closed heads stay closed)"
+            )
         self.model, self.task = model.eval(), task
         self.attn: dict[Key, torch.nn.Module] = {}
         self.gate: dict[Key, HeadGate] = {}
