@@ -61,6 +61,7 @@ from torch import nn
 
 from fairseq_headprune import budget
 from fairseq_headprune.gated_transformer import SITES, gates_by_name, site_of
+from fairseq_headprune.hard_concrete import HardConcreteGate
 
 logger = logging.getLogger(__name__)
 
@@ -75,25 +76,17 @@ def _metric(prefix: str, site: str) -> str:
     return f"{prefix}_{site.replace('-', '_')}"
 
 
-def prob_open_by_site(model: nn.Module) -> "dict[str, torch.Tensor]":
-    """Per attention type: P(open) of every gated head, (layers, heads), differentiable."""
+def stack_by_site(model: nn.Module, value) -> "dict[str, torch.Tensor]":
+    """Per attention type: ``value(gate)`` of every gated layer, stacked to (layers, heads)."""
     rows: dict[str, list] = defaultdict(list)
     for name, gate in gates_by_name(model):
-        rows[site_of(name)].append(gate.prob_open())
+        rows[site_of(name)].append(value(gate))
     return {site: torch.stack(rows[site]) for site in SITES if site in rows}
 
 
-def gate_statistics(model: nn.Module) -> "dict[str, dict[str, torch.Tensor]]":
-    """Per attention type: stacked P(open) and deterministic gates of every gated layer."""
-    stats: dict[str, dict[str, list]] = defaultdict(lambda: {"prob_open": [], "gate": []})
-    for name, gate in gates_by_name(model):
-        stats[site_of(name)]["prob_open"].append(gate.prob_open())
-        stats[site_of(name)]["gate"].append(gate.deterministic())
-    return {
-        site: {k: torch.stack(v) for k, v in stats[site].items()}  # (layers, heads)
-        for site in SITES
-        if site in stats
-    }
+def prob_open_by_site(model: nn.Module) -> "dict[str, torch.Tensor]":
+    """Per attention type: P(open) of every gated head, (layers, heads), differentiable."""
+    return stack_by_site(model, HardConcreteGate.prob_open)
 
 
 def l0_penalty(model: nn.Module, normalization: str = "sum") -> torch.Tensor:
@@ -234,9 +227,10 @@ class LabelSmoothedCrossEntropyL0Criterion(LabelSmoothedCrossEntropyCriterion):
             loss = loss + term.to(loss) * sample_size
         logging_output["loss"] = loss.data
         with torch.no_grad():
-            for site, stats in gate_statistics(model).items():
-                expected = stats["prob_open"].sum().item()
-                n_open = (stats["gate"] > 0).sum().item()
+            gates = stack_by_site(model, HardConcreteGate.deterministic)
+            for site, prob_open in prob_open_by_site(model).items():
+                expected = prob_open.sum().item()
+                n_open = (gates[site] > 0).sum().item()
                 logging_output[_metric("exp_open", site)] = expected * sample_size
                 logging_output[_metric("open", site)] = n_open * sample_size
         return loss, sample_size, logging_output
