@@ -13,35 +13,17 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-from collections import defaultdict
-
-import torch
 
 from fairseq_headprune.bench import add_bench_parser
 from fairseq_headprune.checkpoint_io import gates_from_state, load_checkpoint
 from fairseq_headprune.export import export_pruned, mask_from_scores
-from fairseq_headprune.gated_transformer import SITES, layer_of, parse_sites, site_of
-from fairseq_headprune.hard_concrete import HardConcreteGate
+from fairseq_headprune.gated_transformer import gate_summary, parse_sites
 from fairseq_headprune.scoring.command import add_score_parser
 
 
 def gate_table(state: dict) -> dict:
     """Per attention type: P(open) and deterministic gate (layers × heads), open counts."""
-    rows: dict[str, dict[int, HardConcreteGate]] = defaultdict(dict)
-    for prefix, gate in gates_from_state(state).items():
-        rows[site_of(prefix)][layer_of(prefix)] = gate
-    table: dict = {"sites": {}, "open": 0, "total": 0}
-    with torch.no_grad():
-        for site in (s for s in SITES if s in rows):
-            gates = [rows[site][i] for i in sorted(rows[site])]
-            prob = [g.prob_open().tolist() for g in gates]
-            det = [g.deterministic().tolist() for g in gates]
-            n_open = sum(v > 0 for layer in det for v in layer)
-            total = sum(len(layer) for layer in det)
-            table["sites"][site] = {"prob_open": prob, "gate": det, "open": n_open, "total": total}
-            table["open"] += n_open
-            table["total"] += total
-    return table
+    return gate_summary(gates_from_state(state))
 
 
 def format_gate_table(table: dict) -> str:

@@ -17,7 +17,8 @@ checkpoint loads into it (``--finetune-from-model`` or ``--restore-file`` with t
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterator
+from collections import defaultdict
+from collections.abc import Iterator, Mapping
 
 import torch
 from fairseq.models import register_model, register_model_architecture
@@ -36,6 +37,7 @@ from fairseq_headprune.hard_concrete import (
     DEFAULT_INIT_LOG_ALPHA,
     DEFAULT_STRETCH,
     DEFAULT_TEMPERATURE,
+    HardConcreteGate,
     check_gate_hparams,
 )
 from fairseq_headprune.pruning import parse_kept_heads, resize_attention
@@ -98,6 +100,29 @@ def gates_by_name(model: nn.Module) -> Iterator[tuple[str, HeadGate]]:
     for name, module in model.named_modules():
         if isinstance(module, HeadGate):
             yield name, module
+
+
+def gate_summary(gates: Mapping[str, HardConcreteGate]) -> dict:
+    """Per attention type: P(open) and deterministic gate (layers × heads), open counts.
+
+    ``gates`` maps attention names (``encoder.layers.0.self_attn…``) to their gates, as
+    :func:`gates_by_name` or ``checkpoint_io.gates_from_state`` give them.
+    """
+    rows: dict[str, dict[int, HardConcreteGate]] = defaultdict(dict)
+    for name, gate in gates.items():
+        rows[site_of(name)][layer_of(name)] = gate
+    table: dict = {"sites": {}, "open": 0, "total": 0}
+    with torch.no_grad():
+        for site in (s for s in SITES if s in rows):
+            layers = [rows[site][i] for i in sorted(rows[site])]
+            prob = [g.prob_open().tolist() for g in layers]
+            det = [g.deterministic().tolist() for g in layers]
+            n_open = sum(v > 0 for layer in det for v in layer)
+            total = sum(len(layer) for layer in det)
+            table["sites"][site] = {"prob_open": prob, "gate": det, "open": n_open, "total": total}
+            table["open"] += n_open
+            table["total"] += total
+    return table
 
 
 def _module_key(model: nn.Module, module: nn.Module) -> str:

@@ -42,11 +42,19 @@ The logged ``loss`` includes the penalty and the budget term; select checkpoints
 ``--best-checkpoint-metric nll_loss`` (or BLEU), never ``loss``. With a budget, every
 interval also logs per budget ``c`` (``enc_self``, ``dec_self``, ``dec_enc`` or ``total``):
 ``target_c`` (the ramped target t), ``exp_open_c`` (ŝ), ``lambda_1_c`` and ``lambda_2_c``.
+
+Gate trajectories (``--gate-trajectory-interval N``): every N updates, the training forward
+pass appends every head's P(open) and deterministic gate to ``SAVE_DIR/gate_trajectory.jsonl``
+(one JSON object per line: ``num_updates`` and, per attention type, ``prob_open``/``gate``
+as layers × heads), so that the update at which each gate closed (Voita et al., Fig. 8) is
+known without saving checkpoints along the way.
 """
 
+import json
 import logging
 from collections import defaultdict
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Optional
 
 import torch
@@ -57,10 +65,11 @@ from fairseq.criterions.label_smoothed_cross_entropy import (
     LabelSmoothedCrossEntropyCriterionConfig,
 )
 from fairseq.dataclass import ChoiceEnum
+from omegaconf import II
 from torch import nn
 
 from fairseq_headprune import budget
-from fairseq_headprune.gated_transformer import SITES, gates_by_name, site_of
+from fairseq_headprune.gated_transformer import SITES, gate_summary, gates_by_name, site_of
 from fairseq_headprune.hard_concrete import HardConcreteGate
 
 logger = logging.getLogger(__name__)
@@ -69,6 +78,7 @@ NORMALIZATIONS = ChoiceEnum(["sum", "layer-mean"])
 # Logged per attention type: expected open heads Σ P(open), and open deterministic gates.
 STAT_PREFIXES = ("exp_open", "open")
 # Logged per budget (attention type or total) with --target-heads.
+TRAJECTORY_FILE = "gate_trajectory.jsonl"
 BUDGET_PREFIXES = ("target", "exp_open", "lambda_1", "lambda_2")
 
 
@@ -144,6 +154,15 @@ class LabelSmoothedCrossEntropyL0CriterionConfig(LabelSmoothedCrossEntropyCriter
             "than the weights under Adam (multiplier = scale × its parameter)"
         },
     )
+    gate_trajectory_interval: int = field(
+        default=0,
+        metadata={
+            "help": "every N updates, append each head's P(open) and deterministic gate to "
+            "SAVE_DIR/gate_trajectory.jsonl, a record of when each gate closed "
+            "(recipes/lib/gate_trajectory.py reads it; 0: off)"
+        },
+    )
+    save_dir: str = II("checkpoint.save_dir")
     target_heads_rounding: float = field(
         default=2.0,
         metadata={
@@ -173,6 +192,8 @@ class LabelSmoothedCrossEntropyL0Criterion(LabelSmoothedCrossEntropyCriterion):
         target_heads_warmup_updates=0,
         target_heads_lr_scale=10.0,
         target_heads_rounding=2.0,
+        gate_trajectory_interval=0,
+        save_dir=None,
     ):
         super().__init__(task, sentence_avg, label_smoothing, ignore_prefix_size, report_accuracy)
         if l0_lambda < 0:
@@ -187,6 +208,17 @@ class LabelSmoothedCrossEntropyL0Criterion(LabelSmoothedCrossEntropyCriterion):
                 target_heads_lr_scale,
                 target_heads_rounding,
             )
+        if gate_trajectory_interval < 0:
+            raise ValueError(
+                f"--gate-trajectory-interval must be >= 0, got {gate_trajectory_interval}"
+            )
+        if gate_trajectory_interval and not save_dir:
+            raise ValueError("--gate-trajectory-interval needs a --save-dir to write to")
+        self.gate_trajectory_interval = int(gate_trajectory_interval)
+        self.gate_trajectory_path = (
+            Path(save_dir) / TRAJECTORY_FILE if gate_trajectory_interval else None
+        )
+        self._recorded_update = -1
 
     def _init_budget(self, spec: str, warmup_updates: int, lr_scale: float, rounding: float):
         if self.l0_lambda != 0:
@@ -226,6 +258,8 @@ class LabelSmoothedCrossEntropyL0Criterion(LabelSmoothedCrossEntropyCriterion):
             term = self._budget_term(model, sample_size, logging_output)
             loss = loss + term.to(loss) * sample_size
         logging_output["loss"] = loss.data
+        if self.gate_trajectory_interval and model.training:
+            self._record_trajectory(model)
         with torch.no_grad():
             gates = stack_by_site(model, HardConcreteGate.deterministic)
             for site, prob_open in prob_open_by_site(model).items():
@@ -234,6 +268,25 @@ class LabelSmoothedCrossEntropyL0Criterion(LabelSmoothedCrossEntropyCriterion):
                 logging_output[_metric("exp_open", site)] = expected * sample_size
                 logging_output[_metric("open", site)] = n_open * sample_size
         return loss, sample_size, logging_output
+
+    def _record_trajectory(self, model: nn.Module) -> None:
+        """Append the gates to gate_trajectory.jsonl at every N-th update (rank 0 only).
+
+        Called in training forward passes, where ``model.num_updates`` is the number of
+        updates done so far. A resumed run writes its updates again; readers keep the last
+        line of each update.
+        """
+        updates = num_updates_of(model)
+        if updates % self.gate_trajectory_interval or updates == self._recorded_update:
+            return
+        self._recorded_update = updates
+        if torch.distributed.is_initialized() and torch.distributed.get_rank() != 0:
+            return
+        table = gate_summary(dict(gates_by_name(model)))
+        line = json.dumps({"num_updates": updates, "sites": table["sites"]})
+        self.gate_trajectory_path.parent.mkdir(parents=True, exist_ok=True)
+        with open(self.gate_trajectory_path, "a") as f:
+            f.write(line + "\n")
 
     def _budget_term(self, model, sample_size, logging_output) -> torch.Tensor:
         """L_budget (differentiable in the gates and, reversed, in λ); logs its state."""

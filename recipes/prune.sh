@@ -3,11 +3,15 @@
 #
 # Settings (environment variables, defaults in brackets):
 #   BASELINE     checkpoint to prune [$WORK_DIR/baseline/checkpoint_best.pt]
-#   PRUNE_DIR    run folder [$WORK_DIR/prune/<HEAD_GATES>-l<LAMBDA>]
+#   PRUNE_DIR    run folder [$WORK_DIR/prune/<HEAD_GATES>-l<LAMBDA>, or -k<K> with TARGET_HEADS]
 #   LAMBDA       --l0-lambda [0.05]
+#   TARGET_HEADS --target-heads K (or TYPE:K,...) instead of a λ: an exact head budget [unset]
+#   TARGET_WARMUP --target-heads-warmup-updates [500]
 #   HEAD_GATES   --head-gates [enc-self]
 #   FREEZE_DECODER  1: --freeze-decoder, encoder-only pruning as in the paper [1]
 #   MAX_EPOCH    fine-tuning epochs [10]      LR [5e-4]      GATE_LR_SCALE [20]
+#   TRAJECTORY_INTERVAL  record every gate each N updates in $PRUNE_DIR/gate_trajectory.jsonl
+#                (read by recipes/lib/gate_trajectory.py; 0: off) [25]
 #   EXTRA_ARGS   appended to fairseq-train
 # The model flags are read back from the baseline checkpoint. Resumable: fairseq-train
 # continues from $PRUNE_DIR/checkpoint_last.pt; skipped when $PRUNE_DIR/DONE exists.
@@ -17,9 +21,19 @@ source "$HERE/lib/common.sh"
 
 BASELINE="${BASELINE:-$WORK_DIR/baseline/checkpoint_best.pt}"
 LAMBDA="${LAMBDA:-0.05}"
+TARGET_HEADS="${TARGET_HEADS:-}"
+TARGET_WARMUP="${TARGET_WARMUP:-500}"
 HEAD_GATES="${HEAD_GATES:-enc-self}"
 FREEZE_DECODER="${FREEZE_DECODER:-1}"
-PRUNE_DIR="${PRUNE_DIR:-$WORK_DIR/prune/${HEAD_GATES//,/+}-l$LAMBDA}"
+if [[ -n "$TARGET_HEADS" ]]; then
+  budget=(--target-heads "$TARGET_HEADS" --target-heads-warmup-updates "$TARGET_WARMUP")
+  tag="k${TARGET_HEADS//:/}"; tag="${tag//,/+}"
+else
+  budget=(--l0-lambda "$LAMBDA")
+  tag="l$LAMBDA"
+fi
+PRUNE_DIR="${PRUNE_DIR:-$WORK_DIR/prune/${HEAD_GATES//,/+}-$tag}"
+TRAJECTORY_INTERVAL="${TRAJECTORY_INTERVAL:-25}"
 MAX_EPOCH="${MAX_EPOCH:-10}"
 LR="${LR:-5e-4}"
 GATE_LR_SCALE="${GATE_LR_SCALE:-20}"
@@ -32,14 +46,15 @@ mkdir -p "$PRUNE_DIR"
 freeze=(); [[ "$FREEZE_DECODER" == 1 ]] && freeze=(--freeze-decoder)
 # shellcheck disable=SC2207
 model_flags=($(python "$HERE/lib/model_flags.py" "$BASELINE"))
-log "pruning $BASELINE -> $PRUNE_DIR (lambda=$LAMBDA, gates=$HEAD_GATES)"
+log "pruning $BASELINE -> $PRUNE_DIR (${budget[*]}, gates=$HEAD_GATES)"
 # shellcheck disable=SC2086
 fairseq-train "$DATA_BIN" --user-dir "$USER_DIR" \
   --task translation --source-lang "$SRC" --target-lang "$TGT" \
   --arch gated_transformer "${model_flags[@]}" \
   --finetune-from-model "$BASELINE" \
   --head-gates "$HEAD_GATES" "${freeze[@]}" --head-gate-lr-scale "$GATE_LR_SCALE" \
-  --criterion label_smoothed_cross_entropy_l0 --label-smoothing 0.1 --l0-lambda "$LAMBDA" \
+  --criterion label_smoothed_cross_entropy_l0 --label-smoothing 0.1 "${budget[@]}" \
+  --gate-trajectory-interval "$TRAJECTORY_INTERVAL" \
   --optimizer adam --adam-betas '(0.9, 0.98)' --clip-norm 1.0 \
   --lr "$LR" --lr-scheduler fixed --weight-decay 0.0001 \
   --max-tokens "$MAX_TOKENS" --max-epoch "$MAX_EPOCH" --seed 1 \

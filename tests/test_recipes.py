@@ -59,6 +59,8 @@ def test_quickstart_runs_end_to_end_and_resumes(quickstart_run, raw_dir):
     result = json.loads((tmp_path / "eval" / "baseline" / "test_2016_flickr.json").read_text())
     assert result["sentences"] == 20 and "nrefs:1" in result["signature"]
     assert (tmp_path / "prune" / "enc-self-l0.05" / "gates.txt").exists()
+    records = (tmp_path / "prune" / "enc-self-l0.05" / "gate_trajectory.jsonl").read_text()
+    assert json.loads(records.splitlines()[0])["num_updates"] == 0
     # a second run skips the finished steps and prints the same table
     assert _run("quickstart.sh", tmp_path, raw_dir).splitlines()[-4:] == out.splitlines()[-4:]
 
@@ -78,6 +80,16 @@ def test_evaluate_refuses_incomplete_output(raw_dir, tmp_path):
 @pytest.fixture(scope="module")
 def quickstart_work(quickstart_run) -> Path:
     return quickstart_run[0]
+
+
+def test_prune_with_an_exact_head_budget(quickstart_work, raw_dir):
+    work = quickstart_work
+    _run("prune.sh", work, raw_dir, TARGET_HEADS="3", TARGET_WARMUP="2", MAX_EPOCH="2")
+    run = work / "prune" / "enc-self-k3"
+    assert (run / "DONE").exists() and (run / "gate_trajectory.jsonl").exists()
+    log = (run / "train.log").read_text()
+    assert "'target_heads': '3', 'target_heads_warmup_updates': 2" in log
+    assert "| target_total " in log  # the epoch summary
 
 
 def test_controls_and_report(quickstart_work, raw_dir):

@@ -1,16 +1,17 @@
-"""The update at which each head's gate closed, from a pruning run's saved checkpoints.
+"""The update at which each head's gate closed during a pruning run.
 
     python recipes/lib/gate_trajectory.py PRUNE_DIR [--json OUT.json]
 
-Voita et al. 2019 (Fig. 8) show when each gate of a pruning run closes. The model keeps no
-gate history, so this reads the checkpoints a run saved along the way; ``recipes/prune.sh``
-keeps only ``checkpoint_last.pt``/``checkpoint_best.pt`` unless asked to save snapshots:
+Voita et al. 2019 (Fig. 8) show when each gate of a pruning run closes. ``recipes/prune.sh``
+passes ``--gate-trajectory-interval`` to the L0 criterion, which appends the gates to
+``PRUNE_DIR/gate_trajectory.jsonl`` every N updates; that file is read when it exists.
+Runs without it can save checkpoints along the way instead:
 
     EXTRA_ARGS="--save-interval-updates 100 --keep-interval-updates -1 --no-save-optimizer-state" \\
       bash recipes/prune.sh
 
 (fairseq writes ``checkpoint_<epoch>_<updates>.pt`` every 100 updates, and validates there
-too, which costs time; ``--no-save-optimizer-state`` keeps them small). Every
+too, which costs time; ``--no-save-optimizer-state`` keeps them small); then every
 ``checkpoint*.pt`` of PRUNE_DIR is read, ordered by its update count; ``checkpoint_best.pt``
 is left out (it repeats an earlier state). A head "closed at" update U when its deterministic
 gate is 0 in the snapshot of update U and in every later one; ``closed_after`` is the
@@ -25,6 +26,7 @@ import json
 from pathlib import Path
 
 from fairseq_headprune.checkpoint_io import load_checkpoint
+from fairseq_headprune.l0_criterion import TRAJECTORY_FILE
 
 
 def num_updates(state: dict) -> int:
@@ -32,7 +34,25 @@ def num_updates(state: dict) -> int:
     return int(history[-1].get("num_updates", 0))
 
 
-def trajectory(run: Path) -> dict:
+def snapshots_from_log(path: Path) -> dict[int, tuple[str, dict]]:
+    """update → (source, gate table) from the criterion's gate_trajectory.jsonl.
+
+    A resumed run writes the updates after its checkpoint again: the last line wins.
+    """
+    snapshots = {}
+    for i, line in enumerate(path.read_text().splitlines(), 1):
+        if not line.strip():
+            continue
+        try:
+            record = json.loads(line)
+            snapshots[int(record["num_updates"])] = (f"{path.name}:{i}", {"sites": record["sites"]})
+        except (ValueError, KeyError) as e:
+            raise SystemExit(f"error: {path} line {i} is not a gate record: {e}") from e
+    return snapshots
+
+
+def snapshots_from_checkpoints(run: Path) -> dict[int, tuple[str, dict]]:
+    """update → (file, gate table) from every checkpoint*.pt of a run but checkpoint_best.pt."""
     from fairseq_headprune.cli import gate_table
 
     snapshots = {}
@@ -44,8 +64,14 @@ def trajectory(run: Path) -> dict:
         if not table["sites"]:
             raise SystemExit(f"error: {path} has no head gates (not a pruning run)")
         snapshots.setdefault(num_updates(state), (path.name, table))  # duplicates: same state
+    return snapshots
+
+
+def trajectory(run: Path) -> dict:
+    log = run / TRAJECTORY_FILE
+    snapshots = snapshots_from_log(log) if log.exists() else snapshots_from_checkpoints(run)
     if not snapshots:
-        raise SystemExit(f"error: no checkpoint*.pt in {run}")
+        raise SystemExit(f"error: neither {TRAJECTORY_FILE} nor checkpoint*.pt in {run}")
     updates = sorted(snapshots)
     closed: dict[str, list[list[dict | None]]] = {}
     for site, first in snapshots[updates[0]][1]["sites"].items():

@@ -1,0 +1,97 @@
+"""Gate trajectories (Voita et al. 2019, Fig. 8): the L0 criterion's gate_trajectory.jsonl
+against the checkpoints fairseq saves at the same updates, and the closing-update reader."""
+
+import json
+import sys
+
+import pytest
+import torch
+
+from fairseq_headprune.cli import gate_table
+from tests.helpers import REPO, TINY_ARCH, TRAIN_COMMON, USER_DIR, cli, load_state, train
+
+sys.path.insert(0, str(REPO / "recipes" / "lib"))
+import gate_trajectory  # noqa: E402
+
+PRUNE = [
+    "--criterion", "label_smoothed_cross_entropy_l0", "--label-smoothing", "0.1",
+    "--l0-lambda", "0.5", "--freeze-decoder", "--head-gates", "enc-self",
+    "--head-gate-lr-scale", "50", "--best-checkpoint-metric", "nll_loss",
+]  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def run_dir(tiny_data, stock_checkpoint, tmp_path_factory):
+    save = tmp_path_factory.mktemp("trajectory")
+    train(
+        tiny_data, save, *PRUNE, "--max-epoch", "6", "--finetune-from-model", stock_checkpoint,
+        "--gate-trajectory-interval", "5", "--save-interval-updates", "5",
+        "--keep-interval-updates", "-1", "--no-save-optimizer-state", arch="gated_transformer",
+    )  # fmt: skip
+    return save
+
+
+def _records(run_dir) -> dict[int, dict]:
+    lines = (run_dir / "gate_trajectory.jsonl").read_text().splitlines()
+    return {r["num_updates"]: r["sites"] for r in map(json.loads, lines)}
+
+
+def test_records_match_the_checkpoints_of_the_same_update(run_dir):
+    records = _records(run_dir)
+    last = load_state(run_dir / "checkpoint_last.pt")["optimizer_history"][-1]["num_updates"]
+    # a record before every 5th update's forward pass, from the first on
+    assert sorted(records) == list(range(0, last, 5))
+    snapshots = sorted(run_dir.glob("checkpoint_*_*.pt"))
+    assert len(snapshots) >= 4
+    for path in snapshots:
+        state = load_state(path)
+        updates = state["optimizer_history"][-1]["num_updates"]
+        if updates not in records:  # the update after the last forward pass
+            continue
+        expected = gate_table(state)["sites"]["enc-self"]
+        got = records[updates]["enc-self"]
+        torch.testing.assert_close(
+            torch.tensor(got["prob_open"]), torch.tensor(expected["prob_open"])
+        )
+        assert got["gate"] == expected["gate"] and got["open"] == expected["open"]
+
+
+def test_gates_close_during_the_run_and_the_reader_finds_when(run_dir):
+    records = _records(run_dir)
+    first, final = records[min(records)]["enc-self"], records[max(records)]["enc-self"]
+    assert first["open"] == 8 and final["open"] < 8  # λ = 0.5 closed some
+    result = gate_trajectory.trajectory(run_dir)  # reads the .jsonl
+    assert result["updates"] == sorted(records)
+    for layer, row in enumerate(result["closed"]["enc-self"]):
+        for head, cell in enumerate(row):
+            if final["gate"][layer][head] > 0:
+                assert cell is None
+                continue
+            u = cell["closed_at"]
+            assert records[u]["enc-self"]["gate"][layer][head] == 0
+            assert all(records[v]["enc-self"]["gate"][layer][head] == 0 for v in records if v >= u)
+            prev = cell["closed_after"]
+            assert prev is None or records[prev]["enc-self"]["gate"][layer][head] > 0
+
+
+def test_a_resumed_run_rewrites_its_updates_and_the_reader_keeps_the_last(tmp_path, run_dir):
+    log = run_dir / "gate_trajectory.jsonl"
+    lines = log.read_text().splitlines()
+    copy = tmp_path / "run"
+    copy.mkdir()
+    stale = json.loads(lines[1])
+    stale["sites"]["enc-self"]["gate"] = [[0.0] * 4 for _ in range(2)]
+    (copy / "gate_trajectory.jsonl").write_text("\n".join([json.dumps(stale), *lines]) + "\n")
+    assert (
+        gate_trajectory.trajectory(copy)["closed"] == gate_trajectory.trajectory(run_dir)["closed"]
+    )
+
+
+def test_bad_interval_is_refused(tiny_data, stock_checkpoint, tmp_path):
+    proc = cli(
+        "fairseq-train", tiny_data, "--user-dir", USER_DIR, "--arch", "gated_transformer",
+        *TINY_ARCH, *TRAIN_COMMON, *PRUNE, "--gate-trajectory-interval", "-1",
+        "--save-dir", tmp_path, "--max-epoch", "1", check=False,
+    )  # fmt: skip
+    assert proc.returncode != 0
+    assert "--gate-trajectory-interval must be >= 0, got -1" in proc.stderr
