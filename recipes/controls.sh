@@ -9,7 +9,7 @@
 #                exported) or an exported model (PRUNED.heads.json next to it). Required.
 #                Its kept-head count per attention type is the budget: K encoder heads (and,
 #                after joint pruning, the count of each other reduced type).
-#   CONTROLS     ["scratch random michel lrp"]   SEEDS ["1 2 3"] (random)
+#   CONTROLS     ["masked scratch random michel lrp"]   SEEDS ["1 2 3"] (random)
 #   FT_EPOCHS    fine-tuning epochs, = prune.sh's MAX_EPOCH [10] (random, michel, lrp)
 #   SCRATCH_EPOCHS  epochs of the from-scratch run, = the baseline's [25]
 #   SCORE_SENTENCES valid sentences for the LRP and importance scores [2000, i.e. all]
@@ -19,6 +19,9 @@
 #
 # Runs, each in $WORK_DIR/controls/<name>-<tag> (tag k<K>, e.g. k6) and evaluated as
 # $WORK_DIR/eval/<name>-<tag>/ (with a model.json for recipes/report.py):
+#   masked       the pruned structure cut from the baseline's weights, not fine-tuned: what
+#                fine-tuning after pruning buys (named masked-<pruned run>, as it is not
+#                determined by the budget alone)
 #   scratch      the pruned structure (kept-heads JSON) trained from scratch with the
 #                baseline's recipe (train_baseline.sh, --arch gated_transformer --kept-heads
 #                FILE --head-gates none, the baseline's model flags)
@@ -35,7 +38,7 @@ source "$HERE/lib/common.sh"
 
 BASELINE="${BASELINE:-$WORK_DIR/baseline/checkpoint_best.pt}"
 PRUNED="${PRUNED:-}"
-CONTROLS="${CONTROLS:-scratch random michel lrp}"
+CONTROLS="${CONTROLS:-masked scratch random michel lrp}"
 SEEDS="${SEEDS:-1 2 3}"
 FT_EPOCHS="${FT_EPOCHS:-10}"
 SCRATCH_EPOCHS="${SCRATCH_EPOCHS:-25}"
@@ -48,11 +51,12 @@ ctl="$WORK_DIR/controls"
 mkdir -p "$ctl"
 
 # The budget: the kept heads of the pruned model.
+pruned_name="$(basename "$(dirname "$PRUNED")")-$(basename "$PRUNED" .pt)"
 if [[ -f "$PRUNED.heads.json" ]]; then
   structure="$PRUNED.heads.json"
+  pruned_name="$(basename "$PRUNED" .pt)"
 else
-  name="$(basename "$(dirname "$PRUNED")")-$(basename "$PRUNED" .pt)"
-  out="$ctl/structures/$name.pt"
+  out="$ctl/structures/$pruned_name.pt"
   if [[ ! -f "$out.heads.json" ]]; then
     mkdir -p "$ctl/structures"
     fairseq-headprune export --path "$PRUNED" --out "$out" --force
@@ -89,6 +93,13 @@ prune_and_finetune() {  # NAME METHOD [SEED]: export $run/mask.json from the bas
 
 for control in $CONTROLS; do
   case "$control" in
+    masked)
+      run="$ctl/masked-$pruned_name"
+      mkdir -p "$run"
+      [[ -f "$run/pruned.pt.heads.json" ]] || fairseq-headprune export --path "$BASELINE" \
+        --mask "$structure" --out "$run/pruned.pt" --force
+      evaluate "masked-$pruned_name" masked "$run/pruned.pt" "$run/pruned.pt.heads.json"
+      ;;
     scratch)
       run="$ctl/scratch-$tag"
       mkdir -p "$run"
@@ -126,7 +137,7 @@ for control in $CONTROLS; do
         --metric lrp --budget "$budget" --out "$run/mask.json"
       prune_and_finetune "lrp-$tag" lrp
       ;;
-    *) die "unknown control '$control' (choose from: scratch random michel lrp)" ;;
+    *) die "unknown control '$control' (choose from: masked scratch random michel lrp)" ;;
   esac
 done
 log "controls done: $ctl/*-$tag; table: python recipes/report.py"

@@ -6,7 +6,12 @@ Reads every ``$WORK_DIR/eval/<NAME>/<split>.json`` (written by ``recipes/evaluat
 writes ``$WORK_DIR/report/report.md`` (model, method, setting, encoder heads kept, BLEU per
 test set; random-head runs also as mean ± sd over seeds per head count) and
 ``bleu_vs_heads.png`` (BLEU on ``--plot-split`` vs encoder heads kept, one marker set per
-method).
+method), and BLEU by source-length bucket on ``--plot-split`` for every model whose
+hypotheses (``<split>.hyp``) are there: sacreBLEU of the sentences whose source has ≤ 10,
+11–15, 16–20 or > 20 words (``--length-edges``), with the bucket sizes, also written to
+``length_buckets.json``. Next to the baseline and a pruned model, the ``masked`` control of
+``recipes/controls.sh`` (its heads cut from the baseline, not fine-tuned) shows where
+pruning loses and what fine-tuning recovers.
 
 Which model an evaluation belongs to, first rule that applies:
 
@@ -45,7 +50,9 @@ STYLE = {
     "michel": ("D", True),
     "random": ("x", True),
     "lrp": ("v", True),
+    "masked": ("+", False),
 }
+LENGTH_EDGES = (10, 15, 20)  # source words: <= 10, 11-15, 16-20, > 20
 SITES = ("enc-self", "dec-self", "dec-enc")
 
 
@@ -163,7 +170,9 @@ def mean_sd(values: list[float]) -> tuple[float, float | None]:
     return statistics.mean(values), (statistics.stdev(values) if len(values) > 1 else None)
 
 
-def write_markdown(rows: list[dict], splits: list[str], path: Path) -> None:
+def write_markdown(
+    rows: list[dict], splits: list[str], path: Path, lengths: dict | None = None
+) -> None:
     order = list(STYLE) + ["exported", "?"]
     rows = sorted(
         rows,
@@ -205,8 +214,68 @@ def write_markdown(rows: list[dict], splits: list[str], path: Path) -> None:
                 m, sd = mean_sd(vals)
                 cells.append(f"{m:.2f} ± {sd:.2f}" if sd is not None else f"{m:.2f} (1 seed)")
             lines.append(f"| {k} | {len(group)} | " + " | ".join(cells) + " |")
+    lines += length_markdown(lengths or {}, rows)
     lines += ["", "Plot: `bleu_vs_heads.png`.", ""]
     path.write_text("\n".join(lines))
+
+
+def bucket_names(edges: tuple[int, ...]) -> list[str]:
+    lows = (1, *(e + 1 for e in edges))
+    return [f"{lo}–{hi}" for lo, hi in zip(lows, edges)] + [f"> {edges[-1]}"]
+
+
+def bucket_of(n_words: int, edges: tuple[int, ...]) -> int:
+    return next((i for i, e in enumerate(edges) if n_words <= e), len(edges))
+
+
+def length_buckets(
+    work: Path, rows: list[dict], split: str, edges: tuple[int, ...], src: str, tgt: str
+) -> dict:
+    """sacreBLEU per source-length bucket of every row with hypotheses on ``split``."""
+    from sacrebleu.metrics import BLEU
+
+    src_file, ref_file = work / "raw" / f"{split}.{src}", work / "raw" / f"{split}.{tgt}"
+    if not (src_file.is_file() and ref_file.is_file()):
+        return {}
+    sources = src_file.read_text(encoding="utf-8").splitlines()
+    refs = ref_file.read_text(encoding="utf-8").splitlines()
+    of = [bucket_of(len(line.split()), edges) for line in sources]
+    sizes = [of.count(b) for b in range(len(edges) + 1)]
+    table = {}
+    for r in rows:
+        hyp_file = work / "eval" / r["name"] / f"{split}.hyp"
+        if not hyp_file.is_file():
+            continue
+        hyps = hyp_file.read_text(encoding="utf-8").splitlines()
+        if len(hyps) != len(refs):
+            raise SystemExit(f"error: {hyp_file} has {len(hyps)} lines for {len(refs)} references")
+        table[r["name"]] = [
+            round(BLEU().corpus_score([h for h, b in zip(hyps, of) if b == k],
+                                      [[x for x, b in zip(refs, of) if b == k]]).score, 2)
+            if sizes[k] else None
+            for k in range(len(sizes))
+        ]  # fmt: skip
+    return {"split": split, "buckets": bucket_names(edges), "sentences": sizes, "bleu": table}
+
+
+def length_markdown(result: dict, rows: list[dict]) -> list[str]:
+    if not result.get("bleu"):
+        return []
+    method = {r["name"]: r["method"] for r in rows}
+    lines = [
+        "",
+        f"## BLEU by source length ({result['split']})",
+        "",
+        "sacreBLEU of the sentences in each bucket of source words.",
+        "",
+        "| model | method | " + " | ".join(result["buckets"]) + " |",
+        "|---|---|" + "---:|" * len(result["buckets"]),
+        "| sentences | | " + " | ".join(map(str, result["sentences"])) + " |",
+    ]
+    for name, scores in result["bleu"].items():
+        cells = ["–" if v is None else f"{v:.2f}" for v in scores]
+        lines.append(f"| {name} | {method.get(name, '?')} | " + " | ".join(cells) + " |")
+    return lines
 
 
 def plot(rows: list[dict], split: str, path: Path) -> None:
@@ -263,7 +332,14 @@ def main(argv: list[str] | None = None) -> None:
                    help="the checkpoint evaluated as eval/NAME (repeatable)")  # fmt: skip
     p.add_argument("--plot-split", default="test_2016_flickr")
     p.add_argument("--out-dir", help="default: WORK_DIR/report")
+    p.add_argument("--length-edges", default=",".join(map(str, LENGTH_EDGES)),
+                   help="upper ends of the source-length buckets, in words")  # fmt: skip
+    p.add_argument("--src", default=os.environ.get("SRC", "en"))
+    p.add_argument("--tgt", default=os.environ.get("TGT", "de"))
     args = p.parse_args(argv)
+    edges = tuple(int(e) for e in args.length_edges.split(","))
+    if not edges or list(edges) != sorted(set(edges)) or edges[0] < 1:
+        p.error(f"--length-edges: increasing positive word counts, got {args.length_edges!r}")
     work = Path(args.work_dir)
     models = dict(m.split("=", 1) for m in args.model)
     rows = collect(work, models)
@@ -272,10 +348,12 @@ def main(argv: list[str] | None = None) -> None:
     splits = [s for s in SPLITS if any(s in r["bleu"] for r in rows)]
     out = Path(args.out_dir) if args.out_dir else work / "report"
     out.mkdir(parents=True, exist_ok=True)
-    write_markdown(rows, splits, out / "report.md")
-    plot(
-        rows, args.plot_split if args.plot_split in splits else splits[0], out / "bleu_vs_heads.png"
-    )
+    plot_split = args.plot_split if args.plot_split in splits else splits[0]
+    lengths = length_buckets(work, rows, plot_split, edges, args.src, args.tgt)
+    if lengths:
+        (out / "length_buckets.json").write_text(json.dumps(lengths, indent=1) + "\n")
+    write_markdown(rows, splits, out / "report.md", lengths)
+    plot(rows, plot_split, out / "bleu_vs_heads.png")
     print(f"wrote {out / 'report.md'} and {out / 'bleu_vs_heads.png'} ({len(rows)} models)")
 
 

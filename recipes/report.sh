@@ -5,5 +5,5 @@
 set -euo pipefail
 HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 source "$HERE/lib/common.sh"
-export WORK_DIR
+export WORK_DIR SRC TGT
 exec python "$HERE/report.py" "$@"

@@ -6,6 +6,7 @@ import subprocess
 from pathlib import Path
 
 import pytest
+from sacrebleu.metrics import BLEU
 
 from tests.helpers import BIN, REPO
 
@@ -108,10 +109,11 @@ def test_controls_and_report(quickstart_work, raw_dir):
         SEEDS="1", FT_EPOCHS="1", SCRATCH_EPOCHS="1", SCORE_SENTENCES="20", SUBSETS="test",
     )  # fmt: skip
     _run("controls.sh", work, raw_dir, **settings)
-    names = ["scratch-k5", "random-s1-k5", "michel-k5", "lrp-k5"]
+    names = ["masked-structure5", "scratch-k5", "random-s1-k5", "michel-k5", "lrp-k5"]
     for name in names:
         assert (work / "eval" / name / "test_2016_flickr.json").exists(), name
-        assert (work / "controls" / name / "DONE").exists(), name
+        trained = name != "masked-structure5"  # masked: cut from the baseline, no training
+        assert (work / "controls" / name / "DONE").exists() == trained, name
         kept = json.loads((work / "eval" / name / "model.json").read_text())["kept_heads"]
         assert sum(map(len, kept["enc-self"])) == 5, name
     # Michel et al.: 10 % of the 8 heads (1) per importance step, 8 -> 5 in three steps
@@ -136,7 +138,18 @@ def test_controls_and_report(quickstart_work, raw_dir):
         ("baseline", "baseline", "8/8"), ("pruned-l0.05", "voita", None),
         ("scratch-k5", "scratch", "5/8"), ("random-s1-k5", "random", "5/8"),
         ("michel-k5", "michel", "5/8"), ("lrp-k5", "lrp", "5/8"),
+        ("masked-structure5", "masked", "5/8"),
     ]:  # fmt: skip
         assert f"| {method} |" in rows[name], rows[name]
         assert heads is None or f"| {heads} |" in rows[name], rows[name]
     assert "mean ± sd" in report
+    # BLEU by source length, against sacreBLEU on the bucket's sentences computed here
+    lengths = json.loads((work / "report" / "length_buckets.json").read_text())
+    assert sum(lengths["sentences"]) == 20 and "## BLEU by source length" in report
+    src = (work / "raw" / "test_2016_flickr.en").read_text().splitlines()
+    refs = (work / "raw" / "test_2016_flickr.de").read_text().splitlines()
+    hyps = (work / "eval" / "masked-structure5" / "test_2016_flickr.hyp").read_text().splitlines()
+    short = [i for i, line in enumerate(src) if len(line.split()) <= 10]
+    expected = BLEU().corpus_score([hyps[i] for i in short], [[refs[i] for i in short]]).score
+    assert lengths["sentences"][0] == len(short) > 0
+    assert lengths["bleu"]["masked-structure5"][0] == round(expected, 2)
