@@ -95,3 +95,26 @@ def test_bad_interval_is_refused(tiny_data, stock_checkpoint, tmp_path):
     )  # fmt: skip
     assert proc.returncode != 0
     assert "--gate-trajectory-interval must be >= 0, got -1" in proc.stderr
+
+
+def test_spearman_with_ties_against_hand_computed_values():
+    assert gate_trajectory.spearman([1, 2, 3, 4], [10, 20, 30, 40]) == pytest.approx(1.0)
+    assert gate_trajectory.spearman([1, 2, 3, 4], [4, 3, 2, 1]) == pytest.approx(-1.0)
+    # ranks x = 1, 2.5, 2.5, 4: cov 4.5, var 4.5 and 5
+    assert gate_trajectory.spearman([1, 2, 2, 3], [1, 2, 3, 4]) == pytest.approx(4.5 / 22.5**0.5)
+    assert gate_trajectory.spearman([1, 1, 1], [1, 2, 3]) is None
+
+
+def test_closing_correlation_counts_open_heads_as_closing_last():
+    closed = [[{"closed_at": 5}, None], [{"closed_at": 10}, {"closed_at": 5}]]
+    result = {"updates": [0, 5, 10], "closed": {"enc-self": closed}}
+    # the order of closure: (0,0) and (1,1) at 5, (1,0) at 10, (0,1) open at the end
+    lrp = {(0, 0): 0.1, (1, 1): 0.2, (1, 0): 0.3, (0, 1): 0.4}
+    heads = [{"site": "enc-self", "layer": i, "head": h, "lrp": v, "confidence": -v}
+             for (i, h), v in lrp.items()]  # fmt: skip
+    out = gate_trajectory.closing_correlations(result, {"heads": heads}, ["lrp", "confidence"])
+    # ranks of the closing updates 1.5, 1.5, 3, 4 against 1, 2, 3, 4
+    expected = gate_trajectory.spearman([1, 2, 3, 4], [1.5, 1.5, 3, 4])
+    assert expected == pytest.approx(4.5 / (5 * 4.5) ** 0.5)
+    assert out["lrp"] == {"rho": pytest.approx(expected), "heads": 4}
+    assert out["confidence"]["rho"] == pytest.approx(-expected)

@@ -17,6 +17,11 @@ is left out (it repeats an earlier state). A head "closed at" update U when its 
 gate is 0 in the snapshot of update U and in every later one; ``closed_after`` is the
 update of the snapshot before (the gate closed between the two). Printed as a table per
 attention type; ``--json`` also writes P(open) and the gate of every head per snapshot.
+
+With ``--scores heads.json`` (``fairseq-headprune score`` of the model before pruning), it
+also prints Spearman's rank correlation between each head's score (``--metrics``, default
+LRP relevance and confidence) and the update at which its gate closed: Voita et al. find
+that the heads pruned last are the most relevant and confident ones.
 """
 
 from __future__ import annotations
@@ -99,8 +104,57 @@ def trajectory(run: Path) -> dict:
     }
 
 
+def average_ranks(values: list[float]) -> list[float]:
+    """Ranks 1..n, ties sharing their mean rank (as Spearman's ρ needs)."""
+    order = sorted(range(len(values)), key=lambda i: values[i])
+    ranks = [0.0] * len(values)
+    i = 0
+    while i < len(order):
+        j = i
+        while j + 1 < len(order) and values[order[j + 1]] == values[order[i]]:
+            j += 1
+        for k in range(i, j + 1):
+            ranks[order[k]] = (i + j) / 2 + 1
+        i = j + 1
+    return ranks
+
+
+def spearman(x: list[float], y: list[float]) -> float | None:
+    """Spearman's rank correlation (Pearson's r of the average ranks); None if undefined."""
+    rx, ry = average_ranks(x), average_ranks(y)
+    mx, my = sum(rx) / len(rx), sum(ry) / len(ry)
+    cov = sum((a - mx) * (b - my) for a, b in zip(rx, ry))
+    vx = sum((a - mx) ** 2 for a in rx)
+    vy = sum((b - my) ** 2 for b in ry)
+    return cov / (vx * vy) ** 0.5 if vx > 0 and vy > 0 else None
+
+
+def closing_correlations(result: dict, scores: dict, metrics: list[str]) -> dict:
+    """Spearman's ρ between each head's score (heads.json) and the update its gate closed.
+
+    Heads still open at the end count as closing after the last snapshot (tied last), so a
+    positive ρ means: the higher the score, the later the gate closed (Voita et al. §6).
+    """
+    last = result["updates"][-1] + 1
+    by_key = {(h["site"], h["layer"], h["head"]): h for h in scores["heads"]}
+    out = {}
+    for metric in metrics:
+        xs, ys = [], []
+        for site, rows in result["closed"].items():
+            for layer, row in enumerate(rows):
+                for head, cell in enumerate(row):
+                    record = by_key.get((site, layer, head))
+                    if record is None or record.get(metric) is None:
+                        continue
+                    xs.append(float(record[metric]))
+                    ys.append(float(last if cell is None else cell["closed_at"]))
+        out[metric] = {"rho": spearman(xs, ys) if len(xs) > 1 else None, "heads": len(xs)}
+    return out
+
+
 def format_closed(result: dict) -> str:
-    lines = [f"{len(result['updates'])} snapshots, updates {result['updates']}"]
+    updates = result["updates"]
+    lines = [f"{len(updates)} snapshots, updates {updates[0]}..{updates[-1]}"]
     for site, rows in result["closed"].items():
         lines.append(f"{site}: update at which each gate closed ('-': open at the end)")
         lines.append("layer " + "".join(f"{'head ' + str(h):>9}" for h in range(len(rows[0]))))
@@ -114,9 +168,23 @@ def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("run", type=Path, help="a pruning run's save dir (prune.sh's PRUNE_DIR)")
     p.add_argument("--json", type=Path, help="also write every snapshot's gates here")
+    p.add_argument(
+        "--scores",
+        type=Path,
+        help="heads.json of `fairseq-headprune score` on the model before pruning: "
+        "print Spearman's ρ between each --metrics score and the closing update",
+    )
+    p.add_argument("--metrics", default="lrp,confidence",
+                   help="heads.json fields to correlate with the closing update")  # fmt: skip
     args = p.parse_args(argv)
     result = trajectory(args.run)
     print(format_closed(result))
+    if args.scores:
+        scores = json.loads(args.scores.read_text())
+        result["correlations"] = closing_correlations(result, scores, args.metrics.split(","))
+        for metric, c in result["correlations"].items():
+            rho = "undefined" if c["rho"] is None else f"{c['rho']:+.3f}"
+            print(f"Spearman ρ({metric}, closing update) = {rho} over {c['heads']} heads")
     if args.json:
         args.json.write_text(json.dumps(result, indent=1) + "\n")
 
