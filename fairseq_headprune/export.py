@@ -159,7 +159,7 @@ def export_pruned(
     tmp.replace(heads_json)
 
     def n_params(sd: dict) -> int:  # shared tensors (tied embeddings) counted once
-        unique = {v.data_ptr(): v.numel() for k, v in sd.items() if not k.endswith(GATE_SUFFIX)}
+        unique = {v.data_ptr(): v.numel() for k, v in sd.items() if not k.endswith(NOT_WEIGHTS)}
         return sum(unique.values())
 
     return {
@@ -170,6 +170,11 @@ def export_pruned(
         "params_before": n_params(state["model"]),
         "params_after": n_params(pruned),
     }
+
+
+# state-dict entries that are not model weights: the gates (folded into out_proj) and
+# fairseq's buffers (format versions, the sinusoidal embeddings' dtype holder)
+NOT_WEIGHTS = (GATE_SUFFIX, ".version", "._float_tensor")
 
 
 def _target_heads_kept(state: dict, gate_modules: dict) -> dict[str, list[int]] | None:

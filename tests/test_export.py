@@ -106,9 +106,12 @@ def test_parameter_count_falls_by_the_removed_heads(
     gated_checkpoint, stock_checkpoint, tiny_data, tmp_path
 ):
     out = tmp_path / "pruned.pt"
-    cli("fairseq-headprune", "export", "--path", gated_checkpoint, "--out", out)
+    report = cli("fairseq-headprune", "export", "--path", gated_checkpoint, "--out", out).stdout
     stock, _ = _load(stock_checkpoint, tiny_data)
     pruned, _ = _load(out, tiny_data)
+    # the printed counts are the models' parameters (no gates, no buffers)
+    n_stock, n_pruned = (sum(p.numel() for p in m.parameters()) for m in (stock, pruned))
+    assert f"parameters: {n_stock:,} -> {n_pruned:,}" in report
     embed, head_dim = 16, 4  # TINY_ARCH: dim 16, 4 heads
     removed_heads = sum(row.count(-6.0) for rows in THETAS.values() for row in rows)
     # per removed head: q, k, v rows (weights E·d + biases d) and out_proj columns (E·d)
