@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pytest
 
+from fairseq_headprune.scoring.command import report_sites
 from fairseq_headprune.scoring.outputs import SCHEMA_PATH, validate
 from tests.helpers import TRAIN_COMMON, USER_DIR, cli
 
@@ -110,3 +111,15 @@ def test_score_refuses_an_exported_model_with_a_clear_error(stock_checkpoint, ti
     cli("fairseq-headprune", "export", "--path", stock_checkpoint, "--out", pruned, "--mask", mask)
     err = _fails(tiny_data, pruned, tmp_path, "--metrics", "confidence")
     assert "score the gated checkpoint it was exported from" in err
+
+
+def test_report_sites_checks_the_attention_types():
+    model = ["enc-self", "dec-self", "dec-enc"]
+    assert report_sites(None, model, syntax=True) == model
+    assert report_sites("dec-enc,enc-self", model, syntax=True) == ["enc-self", "dec-enc"]
+    with pytest.raises(ValueError, match="include enc-self"):
+        report_sites("dec-self", model, syntax=True)
+    with pytest.raises(ValueError, match="unknown attention type"):
+        report_sites("enc-self,decoder", model, syntax=False)
+    with pytest.raises(ValueError, match="this model has"):
+        report_sites("none", model, syntax=False)

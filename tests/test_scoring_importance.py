@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+import itertools
 import types
 
 import pytest
@@ -21,13 +22,13 @@ def _scoring_model(arch: str = "transformer", *extra: str) -> ScoringModel:
     return ScoringModel(model, task)
 
 
-def _sample(sm: ScoringModel, seed: int = 0) -> dict:
+def _sample(sm: ScoringModel, seed: int = 0, src_len: int = 6, tgt_len: int = 5) -> dict:
     g = torch.Generator().manual_seed(seed)
     pad, eos = sm.pad, sm.eos
-    src = torch.randint(4, 20, (3, 6), generator=g)  # (B, S)
+    src = torch.randint(4, 20, (3, src_len), generator=g)  # (B, S)
     src[:, -1] = eos
     src[0, :2] = pad  # left-padded
-    prev = torch.randint(4, 20, (3, 5), generator=g)  # (B, T)
+    prev = torch.randint(4, 20, (3, tgt_len), generator=g)  # (B, T)
     prev[:, 0] = eos
     target = torch.cat([prev[:, 1:], torch.full((3, 1), eos)], 1)
     prev[2, -1], target[2, -2:] = pad, pad  # right-padded target
@@ -84,3 +85,36 @@ def test_single_head_ablation_equals_the_model_without_that_head():
         nll = -lprobs.gather(-1, sample["target"].unsqueeze(-1)).squeeze(-1)[mask].mean()
     assert float(delta[site][layer, head]) == pytest.approx(float(nll) - base_loss, abs=1e-5)
     assert (delta["enc-self"] != 0).any()
+
+
+def _straightforward_ablation(sm: ScoringModel, batches: list[dict]) -> dict:
+    """One full teacher-forced pass over all batches per head, that head's gate set to 0."""
+    base = sm.mean_loss(batches)
+    delta = sm.zeros()
+    for site in sm.sites:
+        for layer, head in itertools.product(*map(range, sm.shape(site))):
+            values = {s: v.clone() for s, v in sm.base.items()}
+            values[site][layer, head] = 0.0
+            delta[site][layer, head] = sm.mean_loss(batches, values) - base
+    return base, delta
+
+
+def test_fast_single_head_ablation_equals_full_passes_for_every_head():
+    """Replaying the computation before the ablated head's layer changes no number: every
+    head of all three attention types, two batches of different shapes, a gated model with
+    one head closed (its Δ is 0, and the closed head stays closed in the others' passes)."""
+    sm = _scoring_model("gated_transformer")
+    sm.base["enc-self"][1, 3] = 0.0  # a head closed in the model
+    sm.set_gates(sm.base)
+    batches = [_sample(sm, seed=3), _sample(sm, seed=4, src_len=8, tgt_len=4)]
+    expected_base, expected = _straightforward_ablation(sm, batches)
+    base_loss, delta = single_head_ablation(sm, batches)
+    assert base_loss == expected_base
+    assert set(delta) == {"enc-self", "dec-self", "dec-enc"}
+    for site in delta:
+        assert torch.equal(delta[site], expected[site]), site
+        assert (delta[site] != 0).sum() >= delta[site].numel() - 1  # every open head counts
+    assert float(delta["enc-self"][1, 3]) == 0.0
+    # the model is left as it was: no replayed forward remains, the base gates are back
+    assert sm.mean_loss(batches) == expected_base
+    assert not any("forward" in m.__dict__ for m in sm.model.modules())

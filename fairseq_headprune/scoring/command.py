@@ -20,6 +20,7 @@ from pathlib import Path
 
 import torch
 
+from fairseq_headprune.gated_transformer import parse_sites
 from fairseq_headprune.scoring.attention_stats import AttentionStats
 from fairseq_headprune.scoring.base import Batches, PassScorer, ScoringModel, run_pass
 from fairseq_headprune.scoring.importance import (
@@ -112,6 +113,7 @@ def score(args: argparse.Namespace) -> dict:
     torch.manual_seed(args.seed)
     model, task = load(args.data, args.path)
     sm = ScoringModel(model, task)
+    keep = report_sites(getattr(args, "sites", None), sm.sites, "syntax" in metrics)
     batches = Batches(task, args.subset, args.max_sentences, args.batch_size, progress=None)
     logger.info("scoring %d sentences of %s: %s", batches.n_sentences, args.subset, metrics)
     scores: dict = {"gate": sm.base}
@@ -151,6 +153,8 @@ def score(args: argparse.Namespace) -> dict:
                 curve = ablation_curve(sm, batches, args.ablation_step)
         report["ablation"] = {"base_loss": base_loss, "curve": curve}
     _drop_unrequested(scores, metrics)
+    dropped = set(sm.sites) - set(keep)  # attention types not reported (--sites)
+    scores = {n: {k: v for k, v in per.items() if k not in dropped} for n, per in scores.items()}
     if report["syntax"] is not None:
         report["syntax"]["baselines"] = {
             k[len("baseline_") :]: {
@@ -174,7 +178,7 @@ def score(args: argparse.Namespace) -> dict:
         "syntactic_margin": args.syntactic_margin,
         "rare_margin": args.rare_margin,
     }
-    shapes = {s: sm.shape(s) for s in sm.sites}
+    shapes = {s: sm.shape(s) for s in keep}
     report = {
         "format": "fairseq-headprune/heads",
         "version": 1,
@@ -190,6 +194,23 @@ def score(args: argparse.Namespace) -> dict:
         **report,
     }
     return {"report": report, "scores": scores}
+
+
+def report_sites(value: str | None, model_sites: list[str], syntax: bool) -> list[str]:
+    """``--sites``: the attention types whose heads are reported (default: all the model has).
+
+    The model always runs whole; the others' scores are computed and dropped. Useful when
+    only some are meaningful, e.g. ``enc-self`` on source-only data with a placeholder target.
+    """
+    if value is None:
+        return list(model_sites)
+    keep = list(parse_sites(value, "--sites"))
+    missing = [s for s in keep if s not in model_sites]
+    if not keep or missing:
+        raise ValueError(f"--sites: {value!r}; this model has {model_sites}")
+    if syntax and "enc-self" not in keep:
+        raise ValueError("--sites: syntax scores encoder self-attention; include enc-self")
+    return keep
 
 
 @contextlib.contextmanager
@@ -238,6 +259,8 @@ def add_score_parser(sub) -> None:
     p.add_argument(
         "--metrics", default="all", help=f"'all' or a comma list of {', '.join(METRICS)}"
     )
+    p.add_argument("--sites", help="report only these attention types, a comma list of "
+                   "enc-self, dec-self, dec-enc (default: all)")  # fmt: skip
     p.add_argument("--max-sentences", type=int, help="score only the first N sentences")
     p.add_argument("--batch-size", type=int, default=32, help="sentences per batch")
     p.add_argument("--positional-threshold", type=float, default=0.9,
