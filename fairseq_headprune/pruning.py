@@ -114,3 +114,40 @@ def prune_state_dict(
                 out[f"{prefix}.{name}.bias"] = state[f"{prefix}.{name}.bias"][cols].clone()
         out[f"{prefix}.out_proj.weight"] = w_out[:, cols].clone()
     return out
+
+
+def unprune_state_dict(
+    state: dict[str, Tensor],
+    full: dict[str, Tensor],
+    modules: dict[str, tuple[int, int]],
+    kept: dict[str, list[int]],
+) -> dict[str, Tensor]:
+    """The inverse of :func:`prune_state_dict`: put the kept heads back at their original
+    indices of full-size tensors; removed heads get zero weights and biases.
+
+    ``full``: a state dict of the unpruned architecture (for the shapes); ``modules``:
+    attention prefix → (full num_heads, head_dim); ``kept``: prefix → original indices of the
+    heads the pruned tensors hold, in order (absent: all). The result loads into the
+    unpruned architecture and computes what the pruned model computes, since a removed
+    head's out_proj columns are zero.
+    """
+    out = {k: v for k, v in state.items() if not k.endswith(".out_proj_bias")}
+    for prefix, (num_heads, head_dim) in modules.items():
+        keep = kept.get(prefix, list(range(num_heads)))
+        if keep == list(range(num_heads)):
+            continue
+        cols = torch.tensor([h * head_dim + i for h in keep for i in range(head_dim)]).long()
+        if not keep:  # a NoHeadAttention stores only the output bias
+            out[f"{prefix}.out_proj.bias"] = state[f"{prefix}.out_proj_bias"].clone()
+        for name in PROJECTIONS:
+            for part in ("weight", "bias"):
+                key = f"{prefix}.{name}.{part}"
+                if key in full:
+                    out[key] = torch.zeros_like(full[key])
+                    if keep:
+                        out[key][cols] = state[key]
+        key = f"{prefix}.out_proj.weight"
+        out[key] = torch.zeros_like(full[key])  # (E, H·d)
+        if keep:
+            out[key][:, cols] = state[key]
+    return out

@@ -2,14 +2,16 @@
 
 from __future__ import annotations
 
+import copy
 import json
 from pathlib import Path
 
 import pytest
+import torch
 
 from fairseq_headprune.scoring.command import report_sites
 from fairseq_headprune.scoring.outputs import SCHEMA_PATH, validate
-from tests.helpers import TRAIN_COMMON, USER_DIR, cli
+from tests.helpers import TRAIN_COMMON, USER_DIR, cli, load_state
 
 RELS = ("nsubj", "obj", "amod", "advmod")
 
@@ -104,13 +106,45 @@ def test_score_rejects_a_non_transformer(tiny_data, tmp_path):
     assert "not a fairseq transformer" in err
 
 
-def test_score_refuses_an_exported_model_with_a_clear_error(stock_checkpoint, tiny_data, tmp_path):
-    mask = tmp_path / "mask.json"
-    mask.write_text('{"enc-self": [[0, 1], [2]]}')
-    pruned = tmp_path / "pruned.pt"
-    cli("fairseq-headprune", "export", "--path", stock_checkpoint, "--out", pruned, "--mask", mask)
-    err = _fails(tiny_data, pruned, tmp_path, "--metrics", "confidence")
-    assert "score the gated checkpoint it was exported from" in err
+def test_exported_model_scores_like_the_gated_model_it_came_from(
+    stock_checkpoint, tiny_data, tmp_path
+):
+    """Removed heads keep their (layer, head) place: gate 0, no attention statistics."""
+    state = load_state(stock_checkpoint)
+    args = copy.copy(state["cfg"]["model"])
+    args.arch = args._name = "gated_transformer"
+    state["cfg"]["model"] = args
+    closed = {("encoder.layers.{}.self_attn", 0): [1, 2], ("encoder.layers.{}.self_attn", 1): [],
+              ("decoder.layers.{}.encoder_attn", 1): [0, 1, 2, 3]}  # fmt: skip
+    for prefix in ("encoder.layers.{}.self_attn", "decoder.layers.{}.self_attn",
+                   "decoder.layers.{}.encoder_attn"):  # fmt: skip
+        for layer in range(2):
+            theta = torch.full((4,), 6.0)  # gate exactly 1
+            theta[closed.get((prefix, layer), [])] = -6.0  # exactly 0
+            state["model"][prefix.format(layer) + ".head_gate.theta"] = theta
+    gated, exported = tmp_path / "gated.pt", tmp_path / "exported.pt"
+    torch.save(state, gated)
+    cli("fairseq-headprune", "export", "--path", gated, "--out", exported)
+    metrics = "confidence,entropy,lrp,importance,ablation"
+    heads = {}
+    for name, path in (("gated", gated), ("exported", exported)):
+        out = tmp_path / f"scores-{name}"
+        cli("fairseq-headprune", "score", tiny_data, "--path", path, "--subset", "valid",
+            "--metrics", metrics, "--out", out)  # fmt: skip
+        records = json.loads((out / "heads.json").read_text())["heads"]
+        heads[name] = {(r["site"], r["layer"], r["head"]): r for r in records}
+    assert heads["gated"].keys() == heads["exported"].keys() and len(heads["gated"]) == 24
+    removed = {("enc-self", 0, 1), ("enc-self", 0, 2)} | {("dec-enc", 1, h) for h in range(4)}
+    for key, g in heads["gated"].items():
+        e = heads["exported"][key]
+        assert e["gate"] == g["gate"] == (0.0 if key in removed else 1.0)
+        for field in ("lrp", "importance", "ablation_delta_loss"):
+            assert e[field] == pytest.approx(g[field], abs=1e-4), (key, field)
+        for field in ("confidence", "entropy"):
+            if key in removed:
+                assert e[field] is None  # the head is not there
+            else:
+                assert e[field] == pytest.approx(g[field], abs=1e-4), (key, field)
 
 
 def test_report_sites_checks_the_attention_types():

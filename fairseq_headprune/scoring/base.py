@@ -14,6 +14,7 @@ share one pass (``run_pass``); the others (LRP, ablation) implement ``__call__``
 from __future__ import annotations
 
 import contextlib
+import copy
 import functools
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
@@ -25,10 +26,16 @@ from tqdm import tqdm
 
 from fairseq_headprune.gated_attention import HeadGate, install_head_gate
 from fairseq_headprune.gated_transformer import SITES, attention_modules
+from fairseq_headprune.pruning import parse_kept_heads, unprune_state_dict
 
 SiteScores = dict[str, Tensor]  # attention type -> (layers, heads)
 Scores = dict[str, SiteScores]  # metric name -> SiteScores
 Key = tuple[str, int]  # (attention type, layer)
+PREFIX = {
+    "enc-self": "encoder.layers.{}.self_attn",
+    "dec-self": "decoder.layers.{}.self_attn",
+    "dec-enc": "decoder.layers.{}.encoder_attn",
+}
 
 
 class Batches:
@@ -83,11 +90,40 @@ class CapturedBatch:
     ntokens: int = 0  # target tokens in the loss
 
 
+def expand_exported(model: torch.nn.Module, task) -> tuple[torch.nn.Module, dict[Key, Tensor]]:
+    """A physically pruned model rebuilt at full size, and its removed heads (gate 0).
+
+    The kept heads go back to their original indices (``kept_heads`` of the config) and the
+    removed ones get zero weights (``pruning.unprune_state_dict``), so the full-size model
+    computes what the pruned one does and every head has its original (layer, head) place in
+    the scores. Returns the model and, per (attention type, layer) with removed heads, a
+    (H,) 0/1 vector of the heads that are there.
+    """
+    args = copy.copy(model.args)
+    kept = parse_kept_heads(args.kept_heads)
+    args.kept_heads = None
+    full = task.build_model(args)
+    modules, kept_by_prefix, removed = {}, {}, {}
+    for site, layer, attn in attention_modules(full):
+        prefix = PREFIX[site].format(layer)
+        modules[prefix] = (attn.num_heads, attn.head_dim)
+        if site in kept:
+            heads = kept[site][layer]
+            kept_by_prefix[prefix] = heads
+            removed[site, layer] = torch.zeros(attn.num_heads)
+            removed[site, layer][heads] = 1.0
+    state = unprune_state_dict(model.state_dict(), full.state_dict(), modules, kept_by_prefix)
+    full.load_state_dict(state, strict=True)
+    return full, removed
+
+
 class ScoringModel:
     """A fairseq transformer with a ``HeadGate`` on every attention module, gates fixed.
 
     Stock attention modules get a gate whose override is 1 (the model is unchanged); gated
     models keep their deterministic (evaluation) gate values, so closed heads stay closed.
+    A physically pruned model (``fairseq-headprune export``) is scored at full size
+    (``expand_exported``): its removed heads are there with gate 0, like closed heads.
     """
 
     def __init__(self, model: torch.nn.Module, task) -> None:
@@ -96,12 +132,9 @@ class ScoringModel:
                 f"{type(model).__name__} is not a fairseq transformer: the scorer needs a "
                 "'transformer' or 'gated_transformer' checkpoint"
             )
+        removed: dict[Key, Tensor] = {}
         if getattr(getattr(model, "args", None), "kept_heads", None):
-            raise ValueError(
-                "this checkpoint is physically pruned (`fairseq-headprune export`), so its "
-                "layers have different numbers of heads: score the gated checkpoint it was "
-                "exported from instead (its closed heads stay closed)"
-            )
+            model, removed = expand_exported(model, task)
         self.model, self.task = model.eval(), task
         self.attn: dict[Key, torch.nn.Module] = {}
         self.gate: dict[Key, HeadGate] = {}
@@ -109,8 +142,17 @@ class ScoringModel:
             gate = getattr(attn, "head_gate", None)
             if gate is None:
                 gate = install_head_gate(attn)
-                gate.override = torch.ones(attn.num_heads)
+                gate.override = removed.get((site, layer), torch.ones(attn.num_heads))
             self.attn[site, layer], self.gate[site, layer] = attn, gate
+        # exported models: True where a head was removed (its attention is not there)
+        self.removed: SiteScores = {
+            site: torch.stack(
+                [removed.get(k, torch.ones(self.attn[k].num_heads)) == 0
+                 for k in sorted(self.attn) if k[0] == site]
+            )
+            for site in self.sites
+            if any(k[0] == site for k in removed)
+        }  # fmt: skip
         with torch.no_grad():
             base = {k: g.values().detach().float().clone() for k, g in self.gate.items()}
         self.base: SiteScores = {s: self._stack(base, s) for s in self.sites}

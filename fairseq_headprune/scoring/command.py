@@ -134,7 +134,10 @@ def score(args: argparse.Namespace) -> dict:
         with _phase("one pass: " + ", ".join(type(s).__name__ for s in scorers)):
             run_pass(sm, batches, scorers)
         for scorer in scorers:
-            scores.update(scorer.result())
+            result = scorer.result()
+            if isinstance(scorer, (AttentionStats, SyntaxAccuracy)):
+                _blank_removed(result, sm.removed)
+            scores.update(result)
     if "lrp" in metrics:
         with _phase("LRP relevance"):
             scores.update(LRPRelevance()(sm, batches))
@@ -220,6 +223,17 @@ def _phase(name: str) -> Iterator[None]:
     t0 = time.perf_counter()
     yield
     logger.info("%s done in %.1f s", name, time.perf_counter() - t0)
+
+
+def _blank_removed(result: dict, removed: dict) -> None:
+    """No attention statistics (NaN → null in heads.json) for heads an export removed."""
+    for name, per_site in result.items():
+        if name.startswith("baseline_"):
+            continue
+        for site, values in per_site.items():
+            mask = removed.get(site)
+            if mask is not None and torch.is_tensor(values) and values.shape == mask.shape:
+                values[mask] = float("nan")
 
 
 def _drop_unrequested(scores: dict, metrics: list[str]) -> None:
