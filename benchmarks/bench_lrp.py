@@ -11,14 +11,18 @@ forward+backward of the loss. Runs on a randomly initialised transformer of the 
 from __future__ import annotations
 
 import argparse
+import sys
 import time
 import types
+from pathlib import Path
 
 import torch
 
 from fairseq_headprune.scoring.base import ScoringModel
 from fairseq_headprune.scoring.lrp import LRPRelevance
-from tests.helpers import build_model
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repository's tests/
+from tests.helpers import build_model  # noqa: E402
 
 
 def batches(sm: ScoringModel, n: int, bsz: int, length: int, vocab: int) -> list[dict]:
