@@ -6,7 +6,9 @@
 #   PRUNE_DIR    run folder [$WORK_DIR/prune/<HEAD_GATES>-l<LAMBDA>, or -k<K> with TARGET_HEADS]
 #   LAMBDA       --l0-lambda [0.05]
 #   TARGET_HEADS --target-heads K (or TYPE:K,...) instead of a λ: an exact head budget [unset]
-#   TARGET_WARMUP --target-heads-warmup-updates [500]
+#   TARGET_WARMUP --target-heads-warmup-updates [900]: longer than a gate needs to close,
+#                (3.0 − (−2.4)) / (LR × GATE_LR_SCALE) = 540 updates at the defaults, or the
+#                multipliers grow while the gates lag behind the target (10 epochs: 1,360)
 #   HEAD_GATES   --head-gates [enc-self]
 #   FREEZE_DECODER  1: --freeze-decoder, encoder-only pruning as in the paper [1]
 #   MAX_EPOCH    fine-tuning epochs [10]      LR [5e-4]      GATE_LR_SCALE [20]
@@ -22,7 +24,7 @@ source "$HERE/lib/common.sh"
 BASELINE="${BASELINE:-$WORK_DIR/baseline/checkpoint_best.pt}"
 LAMBDA="${LAMBDA:-0.05}"
 TARGET_HEADS="${TARGET_HEADS:-}"
-TARGET_WARMUP="${TARGET_WARMUP:-500}"
+TARGET_WARMUP="${TARGET_WARMUP:-900}"
 HEAD_GATES="${HEAD_GATES:-enc-self}"
 FREEZE_DECODER="${FREEZE_DECODER:-1}"
 if [[ -n "$TARGET_HEADS" ]]; then
