@@ -281,10 +281,10 @@ def length_markdown(result: dict, rows: list[dict]) -> list[str]:
 def plot(rows: list[dict], split: str, path: Path) -> None:
     import logging
 
+    logging.getLogger("matplotlib").setLevel(logging.WARNING)  # fairseq's logging is verbose
     import matplotlib
 
     matplotlib.use("Agg")
-    logging.getLogger("matplotlib").setLevel(logging.WARNING)  # fairseq's logging is verbose
     import matplotlib.pyplot as plt
     from matplotlib.ticker import MaxNLocator
 
