@@ -17,7 +17,6 @@ times and old ÷ new.
 from __future__ import annotations
 
 import argparse
-import itertools
 import sys
 import time
 import types
@@ -25,20 +24,8 @@ from pathlib import Path
 
 import torch
 
-from fairseq_headprune.scoring.base import Batches, ScoringModel, SiteScores
-from fairseq_headprune.scoring.importance import single_head_ablation
-
-
-def full_pass_ablation(sm: ScoringModel, batches: list[dict]) -> tuple[float, SiteScores]:
-    """The straightforward computation: one full pass over ``batches`` per head."""
-    base = sm.mean_loss(batches)
-    delta = sm.zeros()
-    for site in sm.sites:
-        for layer, head in itertools.product(*map(range, sm.shape(site))):
-            values = {s: v.clone() for s, v in sm.base.items()}
-            values[site][layer, head] = 0.0
-            delta[site][layer, head] = sm.mean_loss(batches, values) - base
-    return base, delta
+from fairseq_headprune.scoring.base import Batches, ScoringModel
+from fairseq_headprune.scoring.importance import full_pass_ablation, single_head_ablation
 
 
 def random_setup(n: int, bsz: int = 32, length: int = 16) -> tuple[ScoringModel, list[dict]]:

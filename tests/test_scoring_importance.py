@@ -3,14 +3,17 @@
 from __future__ import annotations
 
 import copy
-import itertools
 import types
 
 import pytest
 import torch
 
 from fairseq_headprune.scoring.base import ScoringModel
-from fairseq_headprune.scoring.importance import GradientImportance, single_head_ablation
+from fairseq_headprune.scoring.importance import (
+    GradientImportance,
+    full_pass_ablation,
+    single_head_ablation,
+)
 from fairseq_headprune.scoring.lrp import LRPRelevance, input_relevance
 from tests.helpers import build_model
 
@@ -87,18 +90,6 @@ def test_single_head_ablation_equals_the_model_without_that_head():
     assert (delta["enc-self"] != 0).any()
 
 
-def _straightforward_ablation(sm: ScoringModel, batches: list[dict]) -> dict:
-    """One full teacher-forced pass over all batches per head, that head's gate set to 0."""
-    base = sm.mean_loss(batches)
-    delta = sm.zeros()
-    for site in sm.sites:
-        for layer, head in itertools.product(*map(range, sm.shape(site))):
-            values = {s: v.clone() for s, v in sm.base.items()}
-            values[site][layer, head] = 0.0
-            delta[site][layer, head] = sm.mean_loss(batches, values) - base
-    return base, delta
-
-
 def test_fast_single_head_ablation_equals_full_passes_for_every_head():
     """Replaying the computation before the ablated head's layer changes no number: every
     head of all three attention types, two batches of different shapes, a gated model with
@@ -107,7 +98,7 @@ def test_fast_single_head_ablation_equals_full_passes_for_every_head():
     sm.base["enc-self"][1, 3] = 0.0  # a head closed in the model
     sm.set_gates(sm.base)
     batches = [_sample(sm, seed=3), _sample(sm, seed=4, src_len=8, tgt_len=4)]
-    expected_base, expected = _straightforward_ablation(sm, batches)
+    expected_base, expected = full_pass_ablation(sm, batches)
     base_loss, delta = single_head_ablation(sm, batches)
     assert base_loss == expected_base
     assert set(delta) == {"enc-self", "dec-self", "dec-enc"}

@@ -134,6 +134,19 @@ def single_head_ablation(sm: ScoringModel, batches: Iterable[dict]) -> tuple[flo
     return base_loss, delta
 
 
+def full_pass_ablation(sm: ScoringModel, batches: Iterable[dict]) -> tuple[float, SiteScores]:
+    """The reference for :func:`single_head_ablation`: one full teacher-forced pass over all
+    ``batches`` per head, that head's gate set to 0 (slow; for tests and the benchmark)."""
+    base = sm.mean_loss(batches)
+    delta = sm.zeros()
+    for site in sm.sites:
+        for layer, head in itertools.product(*map(range, sm.shape(site))):
+            values = {s: v.clone() for s, v in sm.base.items()}
+            values[site][layer, head] = 0.0
+            delta[site][layer, head] = sm.mean_loss(batches, values) - base
+    return base, delta
+
+
 def _record(forward, outputs: dict, module: torch.nn.Module, /, *args, **kwargs):
     """``module.forward`` that also stores its output in ``outputs[module]``."""
     outputs[module] = forward(*args, **kwargs)
