@@ -5,7 +5,7 @@
 #
 # Settings (environment variables, defaults in brackets):
 #   BASELINE     the converged stock model [$WORK_DIR/baseline/checkpoint_best.pt]
-#   PRUNED       a pruned gated checkpoint (prune.sh's checkpoint_best.pt; its open heads are
+#   PRUNED       a pruned gated checkpoint (prune.sh's checkpoint_last.pt; its open heads are
 #                exported) or an exported model (PRUNED.heads.json next to it). Required.
 #                Its kept-head count per attention type is the budget: K encoder heads (and,
 #                after joint pruning, the count of each other reduced type).

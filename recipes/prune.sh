@@ -15,7 +15,10 @@
 #   TRAJECTORY_INTERVAL  record every gate each N updates in $PRUNE_DIR/gate_trajectory.jsonl
 #                (read by recipes/lib/gate_trajectory.py; 0: off) [25]
 #   EXTRA_ARGS   appended to fairseq-train
-# The model flags are read back from the baseline checkpoint. Resumable: fairseq-train
+# The pruned model is $PRUNE_DIR/checkpoint_last.pt, the end of the fine-tuning: fairseq's
+# checkpoint_best.pt (lowest validation nll) can be from before the gates closed, when more
+# heads were open, so it is not the pruned model. The model flags are read back from the
+# baseline checkpoint. Resumable: fairseq-train
 # continues from $PRUNE_DIR/checkpoint_last.pt; skipped when $PRUNE_DIR/DONE exists.
 set -euo pipefail
 HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"

@@ -20,11 +20,11 @@ export PRUNE_DIR="$WORK_DIR/prune/enc-self-l$LAMBDA"
 MAX_EPOCH="$PRUNE_EPOCHS" bash "$HERE/prune.sh"
 export SUBSETS="${SUBSETS:-test}"
 bash "$HERE/evaluate.sh" baseline "$BASELINE"
-bash "$HERE/evaluate.sh" "pruned-l$LAMBDA" "$PRUNE_DIR/checkpoint_best.pt"
+bash "$HERE/evaluate.sh" "pruned-l$LAMBDA" "$PRUNE_DIR/checkpoint_last.pt"
 
 echo
 echo "model             encoder heads   BLEU test_2016_flickr"
 printf "%-17s %13s   %s\n" baseline 48 "$(python -c "import json;print(json.load(open('$WORK_DIR/eval/baseline/test_2016_flickr.json'))['bleu'])")"
-open_heads=$(fairseq-headprune gates "$PRUNE_DIR/checkpoint_best.pt" --json | python -c "import json,sys;print(json.load(sys.stdin)['sites']['enc-self']['open'])")
+open_heads=$(fairseq-headprune gates "$PRUNE_DIR/checkpoint_last.pt" --json | python -c "import json,sys;print(json.load(sys.stdin)['sites']['enc-self']['open'])")
 printf "%-17s %13s   %s\n" "pruned-l$LAMBDA" "$open_heads" "$(python -c "import json;print(json.load(open('$WORK_DIR/eval/pruned-l$LAMBDA/test_2016_flickr.json'))['bleu'])")"
 echo "runs: $WORK_DIR"

@@ -20,7 +20,7 @@ Which model an evaluation belongs to, first rule that applies:
    other model;
 2. ``--model NAME=CKPT`` on the command line;
 3. the recipes' names: ``baseline`` → ``$WORK_DIR/baseline/checkpoint_best.pt``,
-   ``pruned-<X>`` → the one ``$WORK_DIR/prune/*-<X>/checkpoint_best.pt`` (``pruned-l0.05`` →
+   ``pruned-<X>`` → the one ``$WORK_DIR/prune/*-<X>/checkpoint_last.pt`` (``pruned-l0.05`` →
    ``prune/enc-self-l0.05``, as quickstart.sh and docs/results.md name them);
 4. otherwise the row is listed with method ``?`` and no head count.
 
@@ -134,7 +134,7 @@ def default_checkpoint(work: Path, name: str) -> str | None:
     if name == "baseline":
         return str(work / "baseline" / "checkpoint_best.pt")
     if name.startswith("pruned-"):
-        found = sorted((work / "prune").glob(f"*-{name[len('pruned-') :]}/checkpoint_best.pt"))
+        found = sorted((work / "prune").glob(f"*-{name[len('pruned-') :]}/checkpoint_last.pt"))
         if len(found) == 1:
             return str(found[0])
     return None

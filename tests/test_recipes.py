@@ -101,7 +101,7 @@ def test_controls_and_report(quickstart_work, raw_dir):
     structure = work / "structure5.pt"
     subprocess.run(
         [str(BIN / "fairseq-headprune"), "export", "--mask", str(mask), "--out", str(structure),
-         "--path", str(work / "prune" / "enc-self-l0.05" / "checkpoint_best.pt")],
+         "--path", str(work / "prune" / "enc-self-l0.05" / "checkpoint_last.pt")],
         check=True, capture_output=True,
     )  # fmt: skip
     settings = dict(
