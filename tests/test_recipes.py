@@ -133,7 +133,8 @@ def test_controls_and_report(quickstart_work, raw_dir):
     assert proc.returncode == 0, proc.stderr[-3000:]
     report = (work / "report" / "report.md").read_text()
     assert (work / "report" / "bleu_vs_heads.png").stat().st_size > 0
-    rows = {line.split("|")[1].strip(): line for line in report.splitlines() if "|" in line}
+    table = report.split("## BLEU by source length")[0]  # the BLEU-vs-heads table
+    rows = {line.split("|")[1].strip(): line for line in table.splitlines() if "|" in line}
     for name, method, heads in [
         ("baseline", "baseline", "8/8"), ("pruned-l0.05", "voita", None),
         ("scratch-k5", "scratch", "5/8"), ("random-s1-k5", "random", "5/8"),
