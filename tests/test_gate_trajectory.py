@@ -116,5 +116,10 @@ def test_closing_correlation_counts_open_heads_as_closing_last():
     # ranks of the closing updates 1.5, 1.5, 3, 4 against 1, 2, 3, 4
     expected = gate_trajectory.spearman([1, 2, 3, 4], [1.5, 1.5, 3, 4])
     assert expected == pytest.approx(4.5 / (5 * 4.5) ** 0.5)
-    assert out["lrp"] == {"rho": pytest.approx(expected), "heads": 4}
+    assert out["lrp"]["rho"] == pytest.approx(expected) and out["lrp"]["heads"] == 4
+    # within each layer the higher score closes later: (0,0) 0.1 at 5, (0,1) 0.4 open;
+    # (1,1) 0.2 at 5, (1,0) 0.3 at 10
+    assert out["lrp"]["rho_by_layer"] == {"enc-self 0": pytest.approx(1.0),
+                                          "enc-self 1": pytest.approx(1.0)}  # fmt: skip
+    assert out["confidence"]["rho_by_layer"]["enc-self 1"] == pytest.approx(-1.0)
     assert out["confidence"]["rho"] == pytest.approx(-expected)

@@ -134,21 +134,30 @@ def closing_correlations(result: dict, scores: dict, metrics: list[str]) -> dict
 
     Heads still open at the end count as closing after the last snapshot (tied last), so a
     positive ρ means: the higher the score, the later the gate closed (Voita et al. §6).
+    ``rho_by_layer``: the same within each layer, which a layer-wide trend (deeper layers
+    closing first, say) cannot produce.
     """
     last = result["updates"][-1] + 1
     by_key = {(h["site"], h["layer"], h["head"]): h for h in scores["heads"]}
     out = {}
     for metric in metrics:
-        xs, ys = [], []
+        xs, ys, by_layer = [], [], {}
         for site, rows in result["closed"].items():
             for layer, row in enumerate(rows):
+                lx, ly = [], []
                 for head, cell in enumerate(row):
                     record = by_key.get((site, layer, head))
                     if record is None or record.get(metric) is None:
                         continue
-                    xs.append(float(record[metric]))
-                    ys.append(float(last if cell is None else cell["closed_at"]))
-        out[metric] = {"rho": spearman(xs, ys) if len(xs) > 1 else None, "heads": len(xs)}
+                    lx.append(float(record[metric]))
+                    ly.append(float(last if cell is None else cell["closed_at"]))
+                xs, ys = xs + lx, ys + ly
+                by_layer[f"{site} {layer}"] = spearman(lx, ly) if len(lx) > 1 else None
+        out[metric] = {
+            "rho": spearman(xs, ys) if len(xs) > 1 else None,
+            "heads": len(xs),
+            "rho_by_layer": by_layer,
+        }
     return out
 
 
@@ -185,6 +194,10 @@ def main(argv: list[str] | None = None) -> None:
         for metric, c in result["correlations"].items():
             rho = "undefined" if c["rho"] is None else f"{c['rho']:+.3f}"
             print(f"Spearman ρ({metric}, closing update) = {rho} over {c['heads']} heads")
+            layers = ", ".join(
+                f"{k}: {'–' if v is None else f'{v:+.2f}'}" for k, v in c["rho_by_layer"].items()
+            )
+            print(f"  within layers: {layers}")
     if args.json:
         args.json.write_text(json.dumps(result, indent=1) + "\n")
 
