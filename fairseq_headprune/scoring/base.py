@@ -21,21 +21,17 @@ from dataclasses import dataclass, field
 
 import torch
 from fairseq.models.transformer import TransformerModel
+from fairseq.modules import MultiheadAttention
 from torch import Tensor
 from tqdm import tqdm
 
 from fairseq_headprune.gated_attention import HeadGate, install_head_gate
-from fairseq_headprune.gated_transformer import SITES, attention_modules
+from fairseq_headprune.gated_transformer import SITES, attention_modules, layer_of, site_of
 from fairseq_headprune.pruning import parse_kept_heads, unprune_state_dict
 
 SiteScores = dict[str, Tensor]  # attention type -> (layers, heads)
 Scores = dict[str, SiteScores]  # metric name -> SiteScores
 Key = tuple[str, int]  # (attention type, layer)
-PREFIX = {
-    "enc-self": "encoder.layers.{}.self_attn",
-    "dec-self": "decoder.layers.{}.self_attn",
-    "dec-enc": "decoder.layers.{}.encoder_attn",
-}
 
 
 class Batches:
@@ -104,8 +100,10 @@ def expand_exported(model: torch.nn.Module, task) -> tuple[torch.nn.Module, dict
     args.kept_heads = None
     full = task.build_model(args)
     modules, kept_by_prefix, removed = {}, {}, {}
-    for site, layer, attn in attention_modules(full):
-        prefix = PREFIX[site].format(layer)
+    for prefix, attn in full.named_modules():
+        if not isinstance(attn, MultiheadAttention):
+            continue
+        site, layer = site_of(prefix), layer_of(prefix)
         modules[prefix] = (attn.num_heads, attn.head_dim)
         if site in kept:
             heads = kept[site][layer]
