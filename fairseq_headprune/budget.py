@@ -42,6 +42,8 @@ from collections.abc import Mapping, Sequence
 
 import torch
 
+from fairseq_headprune.hard_concrete import scale_gradient
+
 FLAG = "--target-heads"
 # The key of a budget over all gated heads together.
 TOTAL = "total"
@@ -164,15 +166,21 @@ def rounding_counts(
 
 
 def gradient_ascent(multiplier: torch.Tensor) -> torch.Tensor:
-    """``multiplier`` in the forward pass; its gradient arrives negated (so descent ascends).
+    """``multiplier`` in the forward pass; its gradient arrives negated (so descent ascends)
+    and × ``hard_concrete.GRAD_SCALE``, like the gates', so that the multipliers (gradient
+    ŝ − t, which can be tens of heads) do not set fairseq's global ``--clip-norm``.
 
     A tensor hook on a fresh copy, not on the parameter itself: it holds whatever the
     parameter object becomes (``.to()``, ``.half()``, a DDP wrapper) and needs no removal.
     """
     out = multiplier.clone()
     if out.requires_grad:
-        out.register_hook(torch.neg)
+        out.register_hook(_ascent)
     return out
+
+
+def _ascent(grad: torch.Tensor) -> torch.Tensor:
+    return -scale_gradient(grad)
 
 
 def topk_open_mask(

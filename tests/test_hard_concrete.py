@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 import torch
 
-from fairseq_headprune.hard_concrete import HardConcreteGate
+from fairseq_headprune.hard_concrete import GRAD_SCALE, HardConcreteGate
 
 BETA, L, R = 0.33, -0.1, 1.1
 
@@ -55,6 +55,13 @@ def test_gradients_reach_theta_and_lr_scale():
     assert gate.log_alpha.detach().tolist() == pytest.approx([0.5] * 4)
     (gate.sample().sum() + gate.prob_open().sum()).backward()
     assert gate.theta.grad is not None and (gate.theta.grad != 0).all()
+    # θ's gradient is lr_scale × GRAD_SCALE × the gradient in log α
+    gate.theta.grad = None
+    gate.prob_open().sum().backward()
+    log_alpha = torch.full((4,), 0.5, requires_grad=True)
+    shift = gate.temperature * math.log(-gate.low / gate.high)
+    torch.sigmoid(log_alpha - shift).sum().backward()
+    torch.testing.assert_close(gate.theta.grad, 10.0 * GRAD_SCALE * log_alpha.grad)
 
 
 @pytest.mark.parametrize(

@@ -8,6 +8,7 @@ import torch
 
 from fairseq_headprune import budget
 from fairseq_headprune.gated_transformer import SITES, head_gates
+from fairseq_headprune.hard_concrete import GRAD_SCALE
 from fairseq_headprune.l0_criterion import LabelSmoothedCrossEntropyL0Criterion
 from tests.helpers import TINY_ARCH, TRAIN_COMMON, USER_DIR, build_model, cli, load_state, train
 from tests.test_l0_criterion import _samples, _Task
@@ -75,15 +76,13 @@ def test_ramped_target():
 # ---------------------------------------------------------------- the controller
 
 
-def _controller_step(logits, lambdas, target, lr=0.05):
-    """One step of plain descent on everything, as fairseq's single optimiser does."""
+def _controller_step(logits, lambdas, target, optimizer):
+    """One step of Adam descent on everything, as fairseq's single optimiser does."""
+    optimizer.zero_grad()
     lam1, lam2 = (budget.gradient_ascent(p) for p in lambdas)
     expected = torch.sigmoid(logits).sum().reshape(1)  # (1,)
     budget.lagrangian_term(expected, torch.tensor([target]), lam1, lam2).backward()
-    with torch.no_grad():
-        for p in (logits, *lambdas):
-            p -= lr * p.grad
-            p.grad = None
+    optimizer.step()
     return expected.item()
 
 
@@ -92,16 +91,17 @@ def test_multipliers_ascend_and_push_the_count_toward_k(start_logit, target, sig
     """ŝ > K: λ₁ rises and P(open) falls; ŝ < K: λ₁ falls below 0 and P(open) rises."""
     logits = torch.full((8,), start_logit, requires_grad=True)
     lambdas = [torch.zeros(1, requires_grad=True), torch.zeros(1, requires_grad=True)]
+    optimizer = torch.optim.Adam([logits, *lambdas], lr=0.05)
     s0 = torch.sigmoid(logits).sum().item()
     assert sign * (s0 - target) > 0
-    _controller_step(logits, lambdas, target)
+    _controller_step(logits, lambdas, target, optimizer)
     # ascent: ∂L/∂λ₁ = ŝ − K, ∂L/∂λ₂ = (ŝ − K)² ≥ 0
     assert sign * lambdas[0].item() > 0 and lambdas[1].item() > 0
     for _ in range(5):
-        _controller_step(logits, lambdas, target)
+        _controller_step(logits, lambdas, target, optimizer)
     assert sign * (torch.sigmoid(logits).sum().item() - s0) < 0  # moved toward K
     for _ in range(3000):
-        s = _controller_step(logits, lambdas, target)
+        s = _controller_step(logits, lambdas, target, optimizer)
     assert s == pytest.approx(target, abs=0.05)  # and settles on it
 
 
@@ -110,7 +110,7 @@ def test_gradient_ascent_negates_only_the_gradient():
     out = budget.gradient_ascent(p)
     assert torch.equal(out, p)
     (3 * out).sum().backward()
-    assert p.grad.item() == -3.0
+    assert p.grad.item() == pytest.approx(-3.0 * GRAD_SCALE)  # negated, scaled like a gate's
     with torch.no_grad():  # validation: no hook, no error
         budget.gradient_ascent(p)
 
@@ -176,8 +176,9 @@ def test_criterion_multipliers_are_parameters_with_ascent_gradients():
     s_hat = s_hat.sum(1)  # (enc-self, dec-enc)
     target = torch.tensor([8 - 6 * 0.25, 8 - 2 * 0.25])
     # ∂L/∂λ₁ = scale·(ŝ − t), negated by the ascent hook
-    torch.testing.assert_close(crit.lambda_1.grad / total, -10 * (s_hat - target))
-    torch.testing.assert_close(crit.lambda_2.grad / total, -10 * (s_hat - target) ** 2)
+    ascent = -10 * GRAD_SCALE
+    torch.testing.assert_close(crit.lambda_1.grad / total, ascent * (s_hat - target))
+    torch.testing.assert_close(crit.lambda_2.grad / total, ascent * (s_hat - target) ** 2)
     assert log["target_enc_self"] / sample_size == pytest.approx(6.5)
     assert log["target_dec_enc"] / sample_size == pytest.approx(7.5)
     assert {"lambda_1_enc_self", "lambda_2_dec_enc", "exp_open_dec_enc"} <= set(log)
