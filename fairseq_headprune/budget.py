@@ -24,10 +24,7 @@ The constraint holds in expectation only: in a model whose heads matter alike, �
 by every head at P(open) = K/n just as well as by K heads at 1 and the rest at 0, and the
 deterministic gates then keep all of them. After the warm-up, :func:`rounding_term` (this
 project's addition, not in the papers) opens the current top K further and closes the rest,
-so that the deterministic gates keep exactly K heads. With the ``ramp`` schedule it acts from
-the first update on the current top ⌈t⌉ of the ramped target (:func:`rounding_counts`), so the
-heads are dropped one at a time as t falls, in the order of their P(open) at that moment,
-rather than all at once when the warm-up ends. :func:`topk_open_mask` makes K exact at
+so that the deterministic gates keep exactly K heads. :func:`topk_open_mask` makes K exact at
 export in any case: it keeps the K heads with the highest P(open), CoFi's rule for its
 deterministic masks.
 
@@ -37,7 +34,6 @@ attention type (``"enc-self:10,dec-enc:20"``). This module is pure torch: no fai
 
 from __future__ import annotations
 
-import math
 from collections.abc import Mapping, Sequence
 
 import torch
@@ -146,23 +142,6 @@ def rounding_term(
     covered = list(prob_open) if TOTAL in targets else list(targets)
     terms = [torch.where(keep[s], -prob_open[s], prob_open[s]).sum() for s in covered]
     return torch.stack(terms).sum()
-
-
-def rounding_counts(
-    target: torch.Tensor, names: Sequence[str], heads_per_site: Mapping[str, int]
-) -> dict[str, int]:
-    """The ``ramp`` schedule's budgets: ⌈t_c⌉ per budget, leaving out those that keep all.
-
-    ``target``: the ramped target (C,) of the budgets ``names``. A budget whose ⌈t⌉ is still
-    its number of heads needs no rounding (every head is in its top ⌈t⌉), so it is left out;
-    the result may be empty.
-    """
-    counts = {}
-    for name, t in zip(names, target.tolist()):
-        k = math.ceil(t - 1e-6)
-        if k < heads_in(heads_per_site, name):
-            counts[name] = max(k, 0)
-    return counts
 
 
 def gradient_ascent(multiplier: torch.Tensor) -> torch.Tensor:

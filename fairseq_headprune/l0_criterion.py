@@ -75,8 +75,6 @@ from fairseq_headprune.hard_concrete import HardConcreteGate
 logger = logging.getLogger(__name__)
 
 NORMALIZATIONS = ChoiceEnum(["sum", "layer-mean"])
-ROUNDING_SCHEDULE_NAMES = ("after-warmup", "ramp")
-ROUNDING_SCHEDULES = ChoiceEnum(list(ROUNDING_SCHEDULE_NAMES))
 # Logged per attention type: expected open heads Σ P(open), and open deterministic gates.
 STAT_PREFIXES = ("exp_open", "open")
 # Logged per budget (attention type or total) with --target-heads.
@@ -173,14 +171,6 @@ class LabelSmoothedCrossEntropyL0CriterionConfig(LabelSmoothedCrossEntropyCriter
             "deterministic gates keep exactly K heads (0: off, ŝ = K in expectation only)"
         },
     )
-    target_heads_rounding_schedule: ROUNDING_SCHEDULES = field(
-        default="after-warmup",
-        metadata={
-            "help": "when the --target-heads-rounding term acts: after-warmup (on the top K, "
-            "once the warm-up has ended) or ramp (from the first update, on the top ⌈t⌉ of "
-            "the ramped target, so that heads are dropped one by one as t falls)"
-        },
-    )
 
 
 @register_criterion(
@@ -202,7 +192,6 @@ class LabelSmoothedCrossEntropyL0Criterion(LabelSmoothedCrossEntropyCriterion):
         target_heads_warmup_updates=0,
         target_heads_lr_scale=10.0,
         target_heads_rounding=2.0,
-        target_heads_rounding_schedule="after-warmup",
         gate_trajectory_interval=0,
         save_dir=None,
     ):
@@ -218,7 +207,6 @@ class LabelSmoothedCrossEntropyL0Criterion(LabelSmoothedCrossEntropyCriterion):
                 target_heads_warmup_updates,
                 target_heads_lr_scale,
                 target_heads_rounding,
-                str(target_heads_rounding_schedule),
             )
         if gate_trajectory_interval < 0:
             raise ValueError(
@@ -232,9 +220,7 @@ class LabelSmoothedCrossEntropyL0Criterion(LabelSmoothedCrossEntropyCriterion):
         )
         self._recorded_update = -1
 
-    def _init_budget(
-        self, spec: str, warmup_updates: int, lr_scale: float, rounding: float, schedule: str
-    ):
+    def _init_budget(self, spec: str, warmup_updates: int, lr_scale: float, rounding: float):
         if self.l0_lambda != 0:
             raise ValueError(
                 f"--target-heads {spec} and --l0-lambda {self.l0_lambda} both set: the budget's "
@@ -250,12 +236,6 @@ class LabelSmoothedCrossEntropyL0Criterion(LabelSmoothedCrossEntropyCriterion):
         self.target_heads_warmup_updates = int(warmup_updates)
         self.target_heads_lr_scale = float(lr_scale)
         self.target_heads_rounding = float(rounding)
-        if schedule not in ROUNDING_SCHEDULE_NAMES:
-            raise ValueError(
-                f"--target-heads-rounding-schedule must be one of "
-                f"{', '.join(ROUNDING_SCHEDULE_NAMES)}, got {schedule!r}"
-            )
-        self.target_heads_rounding_schedule = schedule
         if self.target_heads_rounding and self.target_heads_warmup_updates == 0:
             logger.warning(
                 "--target-heads-rounding with --target-heads-warmup-updates 0 commits to the "
@@ -333,17 +313,8 @@ class LabelSmoothedCrossEntropyL0Criterion(LabelSmoothedCrossEntropyCriterion):
         for i, c in enumerate(names):
             for prefix, value in zip(BUDGET_PREFIXES, (target, expected, lambda_1, lambda_2)):
                 logging_output[_metric(prefix, c)] = value[i].item() * sample_size
-        if not self.target_heads_rounding:
-            return term
-        if self.target_heads_rounding_schedule == "ramp":
-            counts = budget.rounding_counts(
-                target, names, {s: p.numel() for s, p in prob_open.items()}
-            )
-        else:
-            ramped = updates >= self.target_heads_warmup_updates
-            counts = self.targets if ramped else {}
-        if counts:
-            term = term + self.target_heads_rounding * budget.rounding_term(prob_open, counts)
+        if self.target_heads_rounding and updates >= self.target_heads_warmup_updates:
+            term = term + self.target_heads_rounding * budget.rounding_term(prob_open, self.targets)
         return term
 
     def load_state_dict(self, state_dict, strict=True, **kwargs):

@@ -9,8 +9,6 @@
 #   TARGET_WARMUP --target-heads-warmup-updates [900]: longer than a gate needs to close,
 #                (3.0 − (−2.4)) / (LR × GATE_LR_SCALE) = 540 updates at the defaults, or the
 #                multipliers grow while the gates lag behind the target (10 epochs: 1,360)
-#   TARGET_ROUNDING_SCHEDULE --target-heads-rounding-schedule [after-warmup]: ramp drops the
-#                heads one at a time as the target falls (run folder -k<K>-ramp)
 #   HEAD_GATES   --head-gates [enc-self]
 #   FREEZE_DECODER  1: --freeze-decoder, encoder-only pruning as in the paper [1]
 #   MAX_EPOCH    fine-tuning epochs [10]      LR [5e-4]      GATE_LR_SCALE [20]
@@ -30,14 +28,11 @@ BASELINE="${BASELINE:-$WORK_DIR/baseline/checkpoint_best.pt}"
 LAMBDA="${LAMBDA:-0.05}"
 TARGET_HEADS="${TARGET_HEADS:-}"
 TARGET_WARMUP="${TARGET_WARMUP:-900}"
-TARGET_ROUNDING_SCHEDULE="${TARGET_ROUNDING_SCHEDULE:-after-warmup}"
 HEAD_GATES="${HEAD_GATES:-enc-self}"
 FREEZE_DECODER="${FREEZE_DECODER:-1}"
 if [[ -n "$TARGET_HEADS" ]]; then
-  budget=(--target-heads "$TARGET_HEADS" --target-heads-warmup-updates "$TARGET_WARMUP"
-    --target-heads-rounding-schedule "$TARGET_ROUNDING_SCHEDULE")
+  budget=(--target-heads "$TARGET_HEADS" --target-heads-warmup-updates "$TARGET_WARMUP")
   tag="k${TARGET_HEADS//:/}"; tag="${tag//,/+}"
-  [[ "$TARGET_ROUNDING_SCHEDULE" == after-warmup ]] || tag="$tag-$TARGET_ROUNDING_SCHEDULE"
 else
   budget=(--l0-lambda "$LAMBDA")
   tag="l$LAMBDA"

@@ -278,36 +278,3 @@ def test_bad_budget_names_the_flag(extra, message, stock_checkpoint, tiny_data, 
     assert proc.returncode != 0
     assert message in proc.stderr
     assert not (tmp_path / "checkpoint_last.pt").exists()
-
-
-def test_rounding_counts_follow_the_ramped_target_and_skip_full_budgets():
-    heads = {"enc-self": 8, "dec-enc": 8}
-    names = ["enc-self", "dec-enc"]
-    assert budget.rounding_counts(torch.tensor([6.5, 8.0]), names, heads) == {"enc-self": 7}
-    assert budget.rounding_counts(torch.tensor([7.0, 7.99]), names, heads) == {"enc-self": 7}
-    assert budget.rounding_counts(torch.tensor([0.0, 2.2]), names, heads) == {
-        "enc-self": 0,
-        "dec-enc": 3,
-    }
-    assert budget.rounding_counts(torch.tensor([15.5]), ["total"], heads) == {}
-    assert budget.rounding_counts(torch.tensor([14.2]), ["total"], heads) == {"total": 15}
-
-
-def test_ramp_schedule_rounds_the_top_ceil_t_during_the_warm_up():
-    model, d = build_model("gated_transformer", "--head-gates", "enc-self")
-    model.eval()
-    model.num_updates = 25  # warm-up 100 updates, 8 → 2 heads: t = 6.5, so the top 7
-    with torch.no_grad():
-        for _, _, gate in head_gates(model):
-            gate.log_alpha.copy_(torch.randn(gate.log_alpha.shape))
-    whole, _ = _samples(d)
-    kw = dict(target_heads="enc-self:2", target_heads_warmup_updates=100, target_heads_rounding=2.0)
-    after, _, _ = _criterion(d, **kw)(model, whole)  # λ = 0 and no rounding yet: xent only
-    ramp, sample_size, _ = _criterion(d, target_heads_rounding_schedule="ramp", **kw)(model, whole)
-    with torch.no_grad():
-        p = torch.cat([g.prob_open().reshape(-1) for _, _, g in head_gates(model)])  # (8,)
-    top = p.sort(descending=True).values
-    expected = 2.0 * (top[7:].sum() - top[:7].sum()) * sample_size
-    torch.testing.assert_close(ramp - after, expected.to(ramp), rtol=1e-4, atol=1e-3)
-    with pytest.raises(ValueError, match="--target-heads-rounding-schedule must be one of"):
-        _criterion(d, target_heads_rounding_schedule="early", **kw)
