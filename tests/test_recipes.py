@@ -57,6 +57,8 @@ def quickstart_run(raw_dir, tmp_path_factory) -> tuple[Path, str]:
 def test_quickstart_runs_end_to_end_and_resumes(quickstart_run, raw_dir):
     tmp_path, out = quickstart_run
     assert "BLEU test_2016_flickr" in out and "runs: " in out
+    report = tmp_path / "report" / "report.md"
+    assert f"report: {report}" in out and "pruned-l0.05" in report.read_text()
     result = json.loads((tmp_path / "eval" / "baseline" / "test_2016_flickr.json").read_text())
     assert result["sentences"] == 20 and "nrefs:1" in result["signature"]
     assert (tmp_path / "prune" / "enc-self-l0.05" / "gates.txt").exists()
