@@ -24,7 +24,9 @@
 #                determined by the budget alone)
 #   scratch      the pruned structure (kept-heads JSON) trained from scratch with the
 #                baseline's recipe (train_baseline.sh, --arch gated_transformer --kept-heads
-#                FILE --head-gates none, the baseline's model flags)
+#                FILE --head-gates none, the baseline's model flags); named
+#                scratch-<pruned run>, as masked, since two runs with the same head count
+#                have different structures
 #   random-s<S>  K encoder heads of the baseline at random (seed S), exported, fine-tuned
 #   michel       Michel et al. 2019: iterative gradient-importance pruning of the baseline
 #                (importance recomputed under the mask after each 10 % step), fine-tuned
@@ -101,17 +103,17 @@ for control in $CONTROLS; do
       evaluate "masked-$pruned_name" masked "$run/pruned.pt" "$run/pruned.pt.heads.json"
       ;;
     scratch)
-      run="$ctl/scratch-$tag"
+      run="$ctl/scratch-$pruned_name"
       mkdir -p "$run"
       if [[ -f "$run/kept_heads.json" ]] && ! cmp -s "$structure" "$run/kept_heads.json"; then
-        die "$run was trained on another structure of $tag heads; move it away first"
+        die "$run was trained on another structure than $structure; move it away first"
       fi
       cp "$structure" "$run/kept_heads.json"
       model_flags="$(python "$HERE/lib/model_flags.py" "$BASELINE")"
       BASELINE_DIR="$run" MAX_EPOCH="$SCRATCH_EPOCHS" ARCH=gated_transformer \
         ARCH_ARGS="$model_flags --kept-heads $run/kept_heads.json --head-gates none" \
         bash "$HERE/train_baseline.sh"
-      evaluate "scratch-$tag" scratch "$run/checkpoint_best.pt" "$run/kept_heads.json"
+      evaluate "scratch-$pruned_name" scratch "$run/checkpoint_best.pt" "$run/kept_heads.json"
       ;;
     random)
       for seed in $SEEDS; do

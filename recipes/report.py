@@ -57,7 +57,7 @@ SITES = ("enc-self", "dec-self", "dec-enc")
 
 
 def checkpoint_info(path: Path, kept_heads: dict | None = None) -> dict:
-    """Method, setting and kept heads per attention type ({site: [kept, total]}).
+    """Method, setting, kept heads per attention type ({site: [kept, total]}), gated types.
 
     ``kept_heads``: the heads the checkpoint's modules have (default: its ``kept_heads``)."""
     from fairseq_headprune.checkpoint_io import gates_from_state, load_checkpoint, model_args
@@ -88,7 +88,8 @@ def checkpoint_info(path: Path, kept_heads: dict | None = None) -> dict:
         method, setting = "exported", ""
     else:
         method, setting = "baseline", ""
-    return {"method": method, "setting": setting, "heads": count(kept, full)}
+    gated = sorted({site_of(prefix) for prefix in gates}, key=list(full).index)
+    return {"method": method, "setting": setting, "heads": count(kept, full), "gated": gated}
 
 
 def count(kept: dict, full: dict) -> dict:
@@ -124,7 +125,7 @@ def collect(work: Path, models: dict[str, str]) -> list[dict]:
             ckpt = models.get(name) or default_checkpoint(work, name)
             if ckpt and Path(ckpt).is_file():
                 info = checkpoint_info(Path(ckpt))
-                row.update(method=info["method"], setting=info["setting"], heads=info["heads"])
+                row.update((k, info[k]) for k in ("method", "setting", "heads", "gated"))
         row["checkpoint"] = ckpt
         rows.append(row)
     return rows
@@ -154,7 +155,8 @@ def fmt_heads(row: dict) -> str:
         return str(kept) if total is None else f"{kept}/{total}"
 
     text = kept_of(*heads["enc-self"]) if "enc-self" in heads else "?"
-    others = [f"{s} {kept_of(k, t)}" for s, (k, t) in heads.items() if s != "enc-self" and k != t]
+    shown = [s for s, (k, t) in heads.items() if k != t or s in row.get("gated", ())]
+    others = [f"{s} {kept_of(*heads[s])}" for s in shown if s != "enc-self"]
     return text + (f" ({', '.join(others)})" if others else "")
 
 
@@ -183,7 +185,7 @@ def write_markdown(
         "# BLEU vs heads kept",
         "",
         "sacreBLEU of `recipes/evaluate.sh` (beam search, detokenised); encoder heads kept /",
-        "encoder heads of the full model (other attention types listed when reduced).",
+        "encoder heads of the full model (other attention types listed when gated or reduced).",
         "",
         "| model | method | setting | encoder heads | " + " | ".join(splits) + " |",
         "|---|---|---|---:|" + "---:|" * len(splits),

@@ -38,7 +38,7 @@ def raw_dir(tmp_path_factory) -> Path:
 
 
 def _run(script: str, work: Path, raw: Path, **env) -> str:
-    full = dict(os.environ, **TINY, WORK_DIR=str(work), RAW_DIR=str(raw), **env)
+    full = {**os.environ, **TINY, "WORK_DIR": str(work), "RAW_DIR": str(raw), **env}
     full["PATH"] = f"{BIN}{os.pathsep}{full['PATH']}"
     proc = subprocess.run(
         ["bash", str(REPO / "recipes" / script)], capture_output=True, text=True, env=full
@@ -111,7 +111,7 @@ def test_controls_and_report(quickstart_work, raw_dir):
         SEEDS="1", FT_EPOCHS="1", SCRATCH_EPOCHS="1", SCORE_SENTENCES="20", SUBSETS="test",
     )  # fmt: skip
     _run("controls.sh", work, raw_dir, **settings)
-    names = ["masked-structure5", "scratch-k5", "random-s1-k5", "michel-k5", "lrp-k5"]
+    names = ["masked-structure5", "scratch-structure5", "random-s1-k5", "michel-k5", "lrp-k5"]
     for name in names:
         assert (work / "eval" / name / "test_2016_flickr.json").exists(), name
         trained = name != "masked-structure5"  # masked: cut from the baseline, no training
@@ -122,7 +122,7 @@ def test_controls_and_report(quickstart_work, raw_dir):
     steps = json.loads((work / "controls" / "michel-k5" / "mask.json.steps.json").read_text())
     assert [len(s["removed"]) for s in steps["steps"]] == [0, 1, 1, 1]
     # the scratch run has the structure's exact heads
-    scratch_heads = (work / "controls" / "scratch-k5" / "kept_heads.json").read_text()
+    scratch_heads = (work / "controls" / "scratch-structure5" / "kept_heads.json").read_text()
     assert scratch_heads == Path(f"{structure}.heads.json").read_text()
     # resumable: a second run finds every step done
     _run("controls.sh", work, raw_dir, **dict(settings, CONTROLS="michel lrp"))
@@ -139,7 +139,7 @@ def test_controls_and_report(quickstart_work, raw_dir):
     rows = {line.split("|")[1].strip(): line for line in table.splitlines() if "|" in line}
     for name, method, heads in [
         ("baseline", "baseline", "8/8"), ("pruned-l0.05", "voita", None),
-        ("scratch-k5", "scratch", "5/8"), ("random-s1-k5", "random", "5/8"),
+        ("scratch-structure5", "scratch", "5/8"), ("random-s1-k5", "random", "5/8"),
         ("michel-k5", "michel", "5/8"), ("lrp-k5", "lrp", "5/8"),
         ("masked-structure5", "masked", "5/8"),
     ]:  # fmt: skip
@@ -156,3 +156,30 @@ def test_controls_and_report(quickstart_work, raw_dir):
     expected = BLEU().corpus_score([hyps[i] for i in short], [[refs[i] for i in short]]).score
     assert lengths["sentences"][0] == len(short) > 0
     assert lengths["bleu"]["masked-structure5"][0] == round(expected, 2)
+
+
+def test_full_study_in_one_command(quickstart_work, raw_dir):
+    """recipes/full.sh: λ sweep, an exact budget, a joint run, controls and the report."""
+    work = quickstart_work
+    _run(
+        "full.sh", work, raw_dir, LAMBDAS="0.05", TARGETS="3", JOINT_LAMBDAS="0.05",
+        CONTROLS="masked random", SEEDS="1", TARGET_WARMUP="2",
+        SCORE_SENTENCES="20", SUBSETS="test",
+    )  # fmt: skip
+    joint = work / "prune" / "joint-l0.05"
+    assert (joint / "DONE").exists()
+    log = (joint / "train.log").read_text()
+    assert "head_gates='enc-self,dec-self,dec-enc'" in log and "freeze_decoder=False" in log
+    report = (work / "report" / "report.md").read_text()
+    table = report.split("## BLEU by source length")[0]
+    rows = {line.split("|")[1].strip(): line for line in table.splitlines() if "|" in line}
+    assert "| voita |" in rows["pruned-l0.05"] and "| target-heads |" in rows["pruned-k3"]
+    assert "dec-enc" in rows["pruned-joint-l0.05"]  # the joint run lists the other types
+    # controls at the budget of each encoder-only run (k3: the exact-budget run)
+    assert (work / "eval" / "random-s1-k3" / "test_2016_flickr.json").exists()
+    assert (work / "eval" / "masked-enc-self-k3-checkpoint_last" / "model.json").exists()
+    for run in ("enc-self-l0.05", "enc-self-k3", "joint-l0.05"):
+        trajectory = (work / "report" / f"trajectory-{run}.txt").read_text()
+        assert "Spearman ρ(lrp, closing update)" in trajectory, run
+    scores = json.loads((work / "scores-baseline" / "heads.json").read_text())
+    assert {"lrp", "confidence"} <= set(scores["heads"][0])
