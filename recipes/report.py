@@ -11,7 +11,11 @@ hypotheses (``<split>.hyp``) are there: sacreBLEU of the sentences whose source 
 11–15, 16–20 or > 20 words (``--length-edges``), with the bucket sizes, also written to
 ``length_buckets.json``. Next to the baseline and a pruned model, the ``masked`` control of
 ``recipes/controls.sh`` (its heads cut from the baseline, not fine-tuned) shows where
-pruning loses and what fine-tuning recovers.
+pruning loses and what fine-tuning recovers. With the scores of the model before pruning
+(``--scores``, default ``$WORK_DIR/scores-baseline/heads.json`` as ``recipes/full.sh`` writes
+it), two more sections for every pruning run: its surviving heads with the roles and LRP
+relevance the scorer found, and Spearman's ρ between a head's LRP relevance / confidence
+and the update at which its gate closed (from ``gate_trajectory.jsonl``).
 
 Which model an evaluation belongs to, first rule that applies:
 
@@ -89,7 +93,10 @@ def checkpoint_info(path: Path, kept_heads: dict | None = None) -> dict:
     else:
         method, setting = "baseline", ""
     gated = sorted({site_of(prefix) for prefix in gates}, key=list(full).index)
-    return {"method": method, "setting": setting, "heads": count(kept, full), "gated": gated}
+    return {
+        "method": method, "setting": setting, "heads": count(kept, full), "gated": gated,
+        "kept": kept,
+    }  # fmt: skip
 
 
 def count(kept: dict, full: dict) -> dict:
@@ -125,7 +132,7 @@ def collect(work: Path, models: dict[str, str]) -> list[dict]:
             ckpt = models.get(name) or default_checkpoint(work, name)
             if ckpt and Path(ckpt).is_file():
                 info = checkpoint_info(Path(ckpt))
-                row.update((k, info[k]) for k in ("method", "setting", "heads", "gated"))
+                row.update((k, info[k]) for k in ("method", "setting", "heads", "gated", "kept"))
         row["checkpoint"] = ckpt
         rows.append(row)
     return rows
@@ -173,7 +180,11 @@ def mean_sd(values: list[float]) -> tuple[float, float | None]:
 
 
 def write_markdown(
-    rows: list[dict], splits: list[str], path: Path, lengths: dict | None = None
+    rows: list[dict],
+    splits: list[str],
+    path: Path,
+    lengths: dict | None = None,
+    heads: list[str] | None = None,
 ) -> None:
     order = list(STYLE) + ["exported", "?"]
     rows = sorted(
@@ -217,8 +228,89 @@ def write_markdown(
                 cells.append(f"{m:.2f} ± {sd:.2f}" if sd is not None else f"{m:.2f} (1 seed)")
             lines.append(f"| {k} | {len(group)} | " + " | ".join(cells) + " |")
     lines += length_markdown(lengths or {}, rows)
+    lines += heads or []
     lines += ["", "Plot: `bleu_vs_heads.png`.", ""]
     path.write_text("\n".join(lines))
+
+
+PRUNING_METHODS = ("voita", "target-heads")
+
+
+def role_tags(record: dict) -> list[str]:
+    """The roles the scorer found for a head (Voita et al. §5): positional, syntactic, rare."""
+    tags = ["positional"] if record.get("positional") else []
+    tags += [f"syntactic ({', '.join(record['syntactic'])})"] if record.get("syntactic") else []
+    return tags + (["rare words"] if record.get("rare") else [])
+
+
+def heads_markdown(rows: list[dict], scores: dict | None) -> list[str]:
+    """The surviving heads of every pruning run with their roles and LRP relevance in the
+    model before pruning, and when the gates closed against that relevance (Voita et al. §6)."""
+    sys.path.insert(0, str(Path(__file__).resolve().parent / "lib"))
+    import gate_trajectory
+
+    pruned = [r for r in rows if r["method"] in PRUNING_METHODS and r.get("kept")]
+    if not pruned or scores is None:
+        return []
+    by_key = {(h["site"], h["layer"], h["head"]): h for h in scores["heads"]}
+    lines = [
+        "",
+        "## The surviving heads",
+        "",
+        f"Scores of the model before pruning (`{scores.get('checkpoint')}`, "
+        f"{scores.get('subset')} set): the roles `fairseq-headprune score` found and each",
+        "kept head's LRP relevance (normalised over its layer's heads). LRP share: the kept",
+        "heads' part of the gated types' total relevance.",
+        "",
+        "| model | type | kept heads (layer:head, roles) | LRP share |",
+        "|---|---|---|---:|",
+    ]
+    for r in pruned:
+        for site in r.get("gated") or ["enc-self"]:
+            kept = r["kept"].get(site) or []
+            kept_n, all_n = r["heads"][site]
+            if kept_n == all_n:
+                lines.append(f"| {r['name']} | {site} | all {all_n} kept | 1.00 |")
+                continue
+            cells, share, total = [], 0.0, 0.0
+            for layer, heads in enumerate(kept):
+                for head in heads:
+                    rec = by_key.get((site, layer, head), {})
+                    tags = role_tags(rec)
+                    lrp = rec.get("lrp")
+                    text = f"{layer}:{head}" + (f" lrp {lrp:.2f}" if lrp is not None else "")
+                    cells.append(text + (f" ({'; '.join(tags)})" if tags else ""))
+            for (s, layer, head), rec in by_key.items():
+                if s == site and rec.get("lrp") is not None:
+                    total += rec["lrp"]
+                    share += rec["lrp"] if layer < len(kept) and head in kept[layer] else 0.0
+            share_text = f"{share / total:.2f}" if total else "–"
+            lines.append(f"| {r['name']} | {site} | {', '.join(cells) or '–'} | {share_text} |")
+    lines += [
+        "",
+        "## When the gates closed",
+        "",
+        "Spearman's ρ between a head's score before pruning and the update at which its gate",
+        "closed (heads open at the end tie last; > 0: higher score, later closing), over all",
+        "gated heads and, as range, within each layer (free of layer-wide trends).",
+        "",
+        "| model | snapshots | ρ(lrp) | within layers | ρ(confidence) | within layers |",
+        "|---|---:|---:|---|---:|---|",
+    ]
+    for r in pruned:
+        run = Path(r["checkpoint"]).parent
+        if not (run / gate_trajectory.TRAJECTORY_FILE).exists():
+            continue
+        result = gate_trajectory.trajectory(run)
+        corr = gate_trajectory.closing_correlations(result, scores, ["lrp", "confidence"])
+        cells = []
+        for metric in ("lrp", "confidence"):
+            rho = corr[metric]["rho"]
+            within = [v for v in corr[metric]["rho_by_layer"].values() if v is not None]
+            cells.append("–" if rho is None else f"{rho:+.2f}")
+            cells.append(f"{min(within):+.2f} … {max(within):+.2f}" if within else "–")
+        lines.append(f"| {r['name']} | {len(result['updates'])} | " + " | ".join(cells) + " |")
+    return lines
 
 
 def bucket_names(edges: tuple[int, ...]) -> list[str]:
@@ -336,6 +428,11 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--out-dir", help="default: WORK_DIR/report")
     p.add_argument("--length-edges", default=",".join(map(str, LENGTH_EDGES)),
                    help="upper ends of the source-length buckets, in words")  # fmt: skip
+    p.add_argument(
+        "--scores",
+        help="heads.json of `fairseq-headprune score` on the model "
+        "before pruning (default: WORK_DIR/scores-baseline/heads.json if there)",
+    )
     p.add_argument("--src", default=os.environ.get("SRC", "en"))
     p.add_argument("--tgt", default=os.environ.get("TGT", "de"))
     args = p.parse_args(argv)
@@ -354,7 +451,11 @@ def main(argv: list[str] | None = None) -> None:
     lengths = length_buckets(work, rows, plot_split, edges, args.src, args.tgt)
     if lengths:
         (out / "length_buckets.json").write_text(json.dumps(lengths, indent=1) + "\n")
-    write_markdown(rows, splits, out / "report.md", lengths)
+    scores_file = Path(args.scores) if args.scores else work / "scores-baseline" / "heads.json"
+    if args.scores and not scores_file.is_file():
+        p.error(f"--scores: no file {scores_file}")
+    scores = json.loads(scores_file.read_text()) if scores_file.is_file() else None
+    write_markdown(rows, splits, out / "report.md", lengths, heads_markdown(rows, scores))
     plot(rows, plot_split, out / "bleu_vs_heads.png")
     print(f"wrote {out / 'report.md'} and {out / 'bleu_vs_heads.png'} ({len(rows)} models)")
 

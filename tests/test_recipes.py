@@ -163,7 +163,8 @@ def test_full_study_in_one_command(quickstart_work, raw_dir):
     work = quickstart_work
     _run(
         "full.sh", work, raw_dir, LAMBDAS="0.05", TARGETS="3", JOINT_LAMBDAS="0.05",
-        CONTROLS="masked random", SEEDS="1", TARGET_WARMUP="2",
+        CONTROLS="masked random", SEEDS="1", TARGET_WARMUP="2", PRUNE_EPOCHS="3",
+        GATE_LR_SCALE="1000",  # gates that can close in the 27 updates of 3 tiny epochs
         SCORE_SENTENCES="20", SUBSETS="test",
     )  # fmt: skip
     joint = work / "prune" / "joint-l0.05"
@@ -183,3 +184,16 @@ def test_full_study_in_one_command(quickstart_work, raw_dir):
         assert "Spearman ρ(lrp, closing update)" in trajectory, run
     scores = json.loads((work / "scores-baseline" / "heads.json").read_text())
     assert {"lrp", "confidence"} <= set(scores["heads"][0])
+    # the report's head sections read those scores: the kept heads of the exact-budget run
+    gates = subprocess.run(
+        [str(BIN / "fairseq-headprune"), "gates", "--json",
+         str(work / "prune" / "enc-self-k3" / "checkpoint_last.pt")],
+        check=True, capture_output=True, text=True,
+    ).stdout  # fmt: skip
+    det = json.loads(gates)["sites"]["enc-self"]["gate"]
+    kept = [f"{i}:{h} lrp" for i, row in enumerate(det) for h, g in enumerate(row) if g]
+    surviving = report.split("## The surviving heads")[1].split("##")[0]
+    row = next(line for line in surviving.splitlines() if line.startswith("| pruned-k3 |"))
+    assert row.count(" lrp ") == len(kept) and all(k in row for k in kept), row
+    closing = report.split("## When the gates closed")[1]
+    assert any(line.startswith("| pruned-joint-l0.05 |") for line in closing.splitlines())
