@@ -33,9 +33,9 @@ hook). The raw gradient is lr_scale times the gradient in log α, and an exact h
 (``budget``) adds a Lagrangian term that can be hundreds of times a weight's gradient; in
 fairseq's single optimizer these would set the *global* ``--clip-norm`` and scale down every
 weight's gradient (on Multi30k, a ``--target-heads 7`` run had 94–100 % of the updates in
-most logging intervals clipped, gradient norm up to 294). Adam's step m / √v does not depend on a constant gradient scale,
-so the gates learn as before while the clip norm is, in effect, the weights' alone. The
-hook assumes an adaptive optimizer, as ``lr_scale`` does.
+most logging intervals clipped, gradient norm up to 294). Adam's step m / √v does not depend
+on a constant gradient scale, so the gates learn as before while the clip norm is, in
+effect, the weights' alone. The hook assumes an adaptive optimizer, as ``lr_scale`` does.
 
 This module is pure torch: no fairseq import.
 """
