@@ -160,9 +160,9 @@ def test_controls_and_report(quickstart_work, raw_dir):
 
 def test_full_study_in_one_command(quickstart_work, raw_dir):
     """recipes/full.sh: λ sweep, an exact budget, a joint run, controls and the report."""
-    work = quickstart_work
+    work = quickstart_work  # K = 2: a run of its own (test_prune_… made enc-self-k3)
     _run(
-        "full.sh", work, raw_dir, LAMBDAS="0.05", TARGETS="3", JOINT_LAMBDAS="0.05",
+        "full.sh", work, raw_dir, LAMBDAS="0.05", TARGETS="2", JOINT_LAMBDAS="0.05",
         CONTROLS="masked random", SEEDS="1", TARGET_WARMUP="2", PRUNE_EPOCHS="3",
         GATE_LR_SCALE="1000",  # gates that can close in the 27 updates of 3 tiny epochs
         SCORE_SENTENCES="20", SUBSETS="test",
@@ -174,12 +174,12 @@ def test_full_study_in_one_command(quickstart_work, raw_dir):
     report = (work / "report" / "report.md").read_text()
     table = report.split("## BLEU by source length")[0]
     rows = {line.split("|")[1].strip(): line for line in table.splitlines() if "|" in line}
-    assert "| voita |" in rows["pruned-l0.05"] and "| target-heads |" in rows["pruned-k3"]
+    assert "| voita |" in rows["pruned-l0.05"] and "| target-heads |" in rows["pruned-k2"]
     assert "dec-enc" in rows["pruned-joint-l0.05"]  # the joint run lists the other types
-    # controls at the budget of each encoder-only run (k3: the exact-budget run)
-    assert (work / "eval" / "random-s1-k3" / "test_2016_flickr.json").exists()
-    assert (work / "eval" / "masked-enc-self-k3-checkpoint_last" / "model.json").exists()
-    for run in ("enc-self-l0.05", "enc-self-k3", "joint-l0.05"):
+    # controls at the budget of each encoder-only run (k2: the exact-budget run)
+    assert (work / "eval" / "random-s1-k2" / "test_2016_flickr.json").exists()
+    assert (work / "eval" / "masked-enc-self-k2-checkpoint_last" / "model.json").exists()
+    for run in ("enc-self-l0.05", "enc-self-k2", "joint-l0.05"):
         trajectory = (work / "report" / f"trajectory-{run}.txt").read_text()
         assert "Spearman ρ(lrp, closing update)" in trajectory, run
     scores = json.loads((work / "scores-baseline" / "heads.json").read_text())
@@ -187,13 +187,13 @@ def test_full_study_in_one_command(quickstart_work, raw_dir):
     # the report's head sections read those scores: the kept heads of the exact-budget run
     gates = subprocess.run(
         [str(BIN / "fairseq-headprune"), "gates", "--json",
-         str(work / "prune" / "enc-self-k3" / "checkpoint_last.pt")],
+         str(work / "prune" / "enc-self-k2" / "checkpoint_last.pt")],
         check=True, capture_output=True, text=True,
     ).stdout  # fmt: skip
     det = json.loads(gates)["sites"]["enc-self"]["gate"]
     kept = [f"{i}:{h} lrp" for i, row in enumerate(det) for h, g in enumerate(row) if g]
     surviving = report.split("## The surviving heads")[1].split("##")[0]
-    row = next(line for line in surviving.splitlines() if line.startswith("| pruned-k3 |"))
+    row = next(line for line in surviving.splitlines() if line.startswith("| pruned-k2 |"))
     assert row.count(" lrp ") == len(kept) and all(k in row for k in kept), row
     closing = report.split("## When the gates closed")[1]
     assert any(line.startswith("| pruned-joint-l0.05 |") for line in closing.splitlines())
