@@ -246,12 +246,12 @@ def role_tags(record: dict) -> list[str]:
 def heads_markdown(rows: list[dict], scores: dict | None) -> list[str]:
     """The surviving heads of every pruning run with their roles and LRP relevance in the
     model before pruning, and when the gates closed against that relevance (Voita et al. §6)."""
-    sys.path.insert(0, str(Path(__file__).resolve().parent / "lib"))
-    import gate_trajectory
-
     pruned = [r for r in rows if r["method"] in PRUNING_METHODS and r.get("kept")]
     if not pruned or scores is None:
         return []
+    sys.path.insert(0, str(Path(__file__).resolve().parent / "lib"))
+    import gate_trajectory
+
     by_key = {(h["site"], h["layer"], h["head"]): h for h in scores["heads"]}
     lines = [
         "",
