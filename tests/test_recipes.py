@@ -163,8 +163,8 @@ def test_full_study_in_one_command(quickstart_work, raw_dir):
     work = quickstart_work  # K = 2: a run of its own (test_prune_… made enc-self-k3)
     _run(
         "full.sh", work, raw_dir, LAMBDAS="0.05", TARGETS="2", JOINT_LAMBDAS="0.05",
-        CONTROLS="masked random", SEEDS="1", TARGET_WARMUP="2", PRUNE_EPOCHS="3",
-        GATE_LR_SCALE="1000",  # gates that can close in the 27 updates of 3 tiny epochs
+        CONTROLS="masked random", SEEDS="1", TARGET_WARMUP="2", PRUNE_EPOCHS="8",
+        GATE_LR_SCALE="1000",  # gates that close within 8 tiny epochs (32 updates or more)
         SCORE_SENTENCES="20", SUBSETS="test",
     )  # fmt: skip
     joint = work / "prune" / "joint-l0.05"
