@@ -4,7 +4,9 @@
 #   recipes/evaluate.sh NAME CHECKPOINT
 # Settings: BEAM [5], BATCH_SIZE [64], SUBSETS ["test test1 test2"] (= test_2016_flickr,
 # test_2017_flickr, test_2017_mscoco), WORK_DIR, DATA_BIN. Writes
-# $WORK_DIR/eval/NAME/<split>.{gen,hyp,json}; skips splits already scored.
+# $WORK_DIR/eval/NAME/<split>.{gen,hyp,json} and eval/NAME/checkpoint (the checkpoint's path,
+# which recipes/report.py reads); skips splits already scored, and refuses a NAME already
+# used for another checkpoint.
 set -euo pipefail
 HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 source "$HERE/lib/common.sh"
@@ -16,6 +18,11 @@ BATCH_SIZE="${BATCH_SIZE:-64}"
 SUBSETS="${SUBSETS:-test test1 test2}"
 out="$WORK_DIR/eval/$name"
 mkdir -p "$out"
+ckpt="$(cd "$(dirname "$ckpt")" && pwd)/$(basename "$ckpt")"
+if [[ -s "$out/checkpoint" && "$(cat "$out/checkpoint")" != "$ckpt" ]]; then
+  die "$out has the scores of $(cat "$out/checkpoint"), not of $ckpt: use another NAME"
+fi
+echo "$ckpt" > "$out/checkpoint"
 declare -A SPLIT=([valid]=val [test]=test_2016_flickr [test1]=test_2017_flickr [test2]=test_2017_mscoco)
 for subset in $SUBSETS; do
   split="${SPLIT[$subset]}"

@@ -23,10 +23,12 @@ Which model an evaluation belongs to, first rule that applies:
    ``recipes/controls.sh`` (``recipes/lib/controls.py record``); write one by hand for any
    other model;
 2. ``--model NAME=CKPT`` on the command line;
-3. the recipes' names: ``baseline`` → ``$WORK_DIR/baseline/checkpoint_best.pt``,
-   ``pruned-<X>`` → the one ``$WORK_DIR/prune/*-<X>/checkpoint_last.pt`` (``pruned-l0.05`` →
-   ``prune/enc-self-l0.05``, as quickstart.sh and docs/results.md name them);
-4. otherwise the row is listed with method ``?`` and no head count.
+3. ``eval/<NAME>/checkpoint``, the path ``recipes/evaluate.sh`` records;
+4. the recipes' names (for evaluations from before that record): ``baseline`` →
+   ``$WORK_DIR/baseline/checkpoint_best.pt``, ``pruned-<X>`` → the one
+   ``$WORK_DIR/prune/*-<X>/checkpoint_last.pt`` (``pruned-l0.05`` → ``prune/enc-self-l0.05``,
+   as quickstart.sh and docs/results.md name them);
+5. otherwise the row is listed with method ``?`` and no head count.
 
 Heads kept and method when no model.json says so are read from the checkpoint: a gated model
 keeps the heads whose deterministic gate is > 0 (method ``target-heads`` when its criterion
@@ -129,7 +131,9 @@ def collect(work: Path, models: dict[str, str]) -> list[dict]:
             elif rec.get("kept_heads") is not None:
                 row["heads"] = {s: [sum(map(len, v)), None] for s, v in rec["kept_heads"].items()}
         else:
-            ckpt = models.get(name) or default_checkpoint(work, name)
+            recorded = folder / "checkpoint"
+            recorded = recorded.read_text().strip() if recorded.is_file() else None
+            ckpt = models.get(name) or recorded or default_checkpoint(work, name)
             if ckpt and Path(ckpt).is_file():
                 info = checkpoint_info(Path(ckpt))
                 row.update((k, info[k]) for k in ("method", "setting", "heads", "gated", "kept"))
@@ -286,17 +290,7 @@ def heads_markdown(rows: list[dict], scores: dict | None) -> list[str]:
                     share += rec["lrp"] if layer < len(kept) and head in kept[layer] else 0.0
             share_text = f"{share / total:.2f}" if total else "–"
             lines.append(f"| {r['name']} | {site} | {', '.join(cells) or '–'} | {share_text} |")
-    lines += [
-        "",
-        "## When the gates closed",
-        "",
-        "Spearman's ρ between a head's score before pruning and the update at which its gate",
-        "closed (heads open at the end tie last; > 0: higher score, later closing), over all",
-        "gated heads and, as range, within each layer (free of layer-wide trends).",
-        "",
-        "| model | snapshots | ρ(lrp) | within layers | ρ(confidence) | within layers |",
-        "|---|---:|---:|---|---:|---|",
-    ]
+    closing = []
     for r in pruned:
         run = Path(r["checkpoint"]).parent
         if not (run / gate_trajectory.TRAJECTORY_FILE).exists():
@@ -309,7 +303,20 @@ def heads_markdown(rows: list[dict], scores: dict | None) -> list[str]:
             within = [v for v in corr[metric]["rho_by_layer"].values() if v is not None]
             cells.append("–" if rho is None else f"{rho:+.2f}")
             cells.append(f"{min(within):+.2f} … {max(within):+.2f}" if within else "–")
-        lines.append(f"| {r['name']} | {len(result['updates'])} | " + " | ".join(cells) + " |")
+        closing.append(f"| {r['name']} | {len(result['updates'])} | " + " | ".join(cells) + " |")
+    if closing:  # only runs that recorded their gates (--gate-trajectory-interval)
+        lines += [
+            "",
+            "## When the gates closed",
+            "",
+            "Spearman's ρ between a head's score before pruning and the update at which its gate",
+            "closed (heads open at the end tie last; > 0: higher score, later closing), over all",
+            "gated heads and, as range, within each layer (free of layer-wide trends).",
+            "",
+            "| model | snapshots | ρ(lrp) | within layers | ρ(confidence) | within layers |",
+            "|---|---:|---:|---|---:|---|",
+        ]
+        lines += closing
     return lines
 
 

@@ -37,12 +37,15 @@ def raw_dir(tmp_path_factory) -> Path:
     return folder
 
 
-def _run(script: str, work: Path, raw: Path, **env) -> str:
+def _recipe(script: str, work: Path, raw: Path, *args: str, **env) -> subprocess.CompletedProcess:
     full = {**os.environ, **TINY, "WORK_DIR": str(work), "RAW_DIR": str(raw), **env}
     full["PATH"] = f"{BIN}{os.pathsep}{full['PATH']}"
-    proc = subprocess.run(
-        ["bash", str(REPO / "recipes" / script)], capture_output=True, text=True, env=full
-    )
+    command = ["bash", str(REPO / "recipes" / script), *args]
+    return subprocess.run(command, capture_output=True, text=True, env=full)
+
+
+def _run(script: str, work: Path, raw: Path, *args: str, **env) -> str:
+    proc = _recipe(script, work, raw, *args, **env)
     assert proc.returncode == 0, f"{script}:\n{proc.stdout[-2000:]}\n{proc.stderr[-4000:]}"
     return proc.stdout
 
@@ -126,6 +129,12 @@ def test_controls_and_report(quickstart_work, raw_dir):
     assert scratch_heads == Path(f"{structure}.heads.json").read_text()
     # resumable: a second run finds every step done
     _run("controls.sh", work, raw_dir, **dict(settings, CONTROLS="michel lrp"))
+    # any checkpoint under a name of one's own: evaluate.sh records it for the report
+    _run("evaluate.sh", work, raw_dir, "my-export", str(structure), SUBSETS="test")
+    assert (work / "eval" / "my-export" / "checkpoint").read_text().strip() == str(structure)
+    other = str(work / "baseline" / "checkpoint_best.pt")  # a second model under that name
+    proc = _recipe("evaluate.sh", work, raw_dir, "my-export", other, SUBSETS="test")
+    assert proc.returncode != 0 and "use another NAME" in proc.stderr
 
     env = dict(os.environ, OMP_NUM_THREADS="1", WORK_DIR=str(work))
     proc = subprocess.run(
@@ -141,7 +150,7 @@ def test_controls_and_report(quickstart_work, raw_dir):
         ("baseline", "baseline", "8/8"), ("pruned-l0.05", "voita", None),
         ("scratch-structure5", "scratch", "5/8"), ("random-s1-k5", "random", "5/8"),
         ("michel-k5", "michel", "5/8"), ("lrp-k5", "lrp", "5/8"),
-        ("masked-structure5", "masked", "5/8"),
+        ("masked-structure5", "masked", "5/8"), ("my-export", "exported", "5/8"),
     ]:  # fmt: skip
         assert f"| {method} |" in rows[name], rows[name]
         assert heads is None or f"| {heads} |" in rows[name], rows[name]
