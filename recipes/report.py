@@ -231,6 +231,7 @@ def write_markdown(
                 m, sd = mean_sd(vals)
                 cells.append(f"{m:.2f} ± {sd:.2f}" if sd is not None else f"{m:.2f} (1 seed)")
             lines.append(f"| {k} | {len(group)} | " + " | ".join(cells) + " |")
+    lines += operating_points(rows, splits)
     lines += length_markdown(lengths or {}, rows)
     lines += heads or []
     lines += ["", "Plot: `bleu_vs_heads.png`.", ""]
@@ -238,6 +239,62 @@ def write_markdown(
 
 
 PRUNING_METHODS = ("voita", "target-heads")
+OPERATING_POINTS = (10, 4)  # encoder heads of Voita et al.'s Table 1 operating points
+
+
+def point_label(n_heads: int) -> str:
+    """``~10``/``~4 encoder heads`` for a count within half of the point (the nearer one)."""
+    near = [k for k in OPERATING_POINTS if abs(n_heads - k) <= k / 2]
+    if not near:
+        return f"{n_heads} encoder heads"
+    return f"~{min(near, key=lambda k: (abs(n_heads - k), -k))} encoder heads"
+
+
+def operating_points(rows: list[dict], splits: list[str]) -> list[str]:
+    """Voita et al.'s operating points: the full model, the encoder-only pruning runs labelled
+    by the point (~10 or ~4 encoder heads) they are near, and every joint run with its heads
+    kept per attention type; BLEU and the difference to the baseline."""
+    encoder_only = [
+        r for r in rows if r["method"] in PRUNING_METHODS and r.get("gated") == ["enc-self"]
+    ]
+    joint = [r for r in rows if r["method"] in PRUNING_METHODS and len(r.get("gated") or []) > 1]
+    # the baseline, and encoder-only runs that kept every head (λ = 0: fine-tuning alone)
+    full = [r for r in rows if r["method"] == "baseline"]
+    full += [r for r in encoder_only if enc_heads(r) == r["heads"]["enc-self"][1]]
+    points = [("full model", r) for r in full]
+    pruned = sorted((r for r in encoder_only if r not in full), key=lambda r: -enc_heads(r))
+    points += [(point_label(enc_heads(r)), r) for r in pruned]
+    points += [("joint pruning", r) for r in joint]
+    if not points:
+        return []
+    base = next((r for r in rows if r["method"] == "baseline"), None)
+    lines = [
+        "",
+        "## Operating points",
+        "",
+        "As in Voita et al.'s Table 1: the full model (the baseline, and fine-tuned with every",
+        "head kept), the encoder-only pruning runs (~10 / ~4: within half of that count), and",
+        "the joint runs with the heads kept per attention type. In brackets: BLEU minus the",
+        "baseline's.",
+        "",
+        "| operating point | model | method | heads kept | " + " | ".join(splits) + " |",
+        "|---|---|---|---|" + "---:|" * len(splits),
+    ]
+    for label, r in points:
+        cells = []
+        for s in splits:
+            if s not in r["bleu"]:
+                cells.append("–")
+            elif base is None or r is base or s not in base["bleu"]:
+                cells.append(f"{r['bleu'][s]:.2f}")
+            else:
+                cells.append(f"{r['bleu'][s]:.2f} ({r['bleu'][s] - base['bleu'][s]:+.2f})")
+        lines.append(
+            f"| {label} | {r['name']} | {r['method']} | {fmt_heads(r)} | "
+            + " | ".join(cells)
+            + " |"
+        )
+    return lines
 
 
 def role_tags(record: dict) -> list[str]:

@@ -185,6 +185,12 @@ def test_full_study_in_one_command(quickstart_work, raw_dir):
     rows = {line.split("|")[1].strip(): line for line in table.splitlines() if "|" in line}
     assert "| voita |" in rows["pruned-l0.05"] and "| target-heads |" in rows["pruned-k2"]
     assert "dec-enc" in rows["pruned-joint-l0.05"]  # the joint run lists the other types
+    points = report.split("## Operating points")[1].split("##")[0].splitlines()
+    assert any(line.startswith("| full model | baseline |") for line in points)
+    joint_point = next(line for line in points if line.startswith("| joint pruning |"))
+    assert "pruned-joint-l0.05" in joint_point and "dec-enc" in joint_point
+    budget_point = next(line for line in points if "| pruned-k2 |" in line)
+    assert budget_point.startswith("| ~4 encoder heads |")  # 2 of 8: within half of 4
     # controls at the budget of each encoder-only run (k2: the exact-budget run)
     assert (work / "eval" / "random-s1-k2" / "test_2016_flickr.json").exists()
     assert (work / "eval" / "masked-enc-self-k2-checkpoint_last" / "model.json").exists()
