@@ -35,10 +35,13 @@ Key = tuple[str, int]  # (attention type, layer)
 
 
 class Batches:
-    """The first ``max_sentences`` sentences of a task split, in file order, as fairseq samples.
+    """The first ``max_sentences`` sentences of a task split as fairseq samples.
 
-    Re-iterable; every iteration shows a progress bar (``progress=True``). ``sample["id"]``
-    is the sentence's line number in the split (fairseq's collater sorts a batch by length).
+    Batches hold sentences of similar length (ordered by fairseq's ``num_tokens``, then line
+    number), so little of a batch is padding. Scores summed over tokens do not depend on the
+    batching; Michel et al.'s importance takes |g·∂L/∂g| per batch, so it does, as in their
+    method (a fixed, deterministic batching here). Re-iterable; every iteration shows a progress bar
+    (``progress=True``). ``sample["id"]`` is the sentence's line number in the split.
     """
 
     def __init__(
@@ -60,6 +63,7 @@ class Batches:
             progress,
             subset,
         )
+        self.order = sorted(range(n), key=lambda i: (self.dataset.num_tokens(i), i))
 
     def __len__(self) -> int:
         return -(-self.n_sentences // self.batch_size)
@@ -69,7 +73,7 @@ class Batches:
         disable = None if self.progress is None else not self.progress  # None: only on a tty
         for start in tqdm(chunks, desc=self.subset, disable=disable, leave=False):
             stop = min(start + self.batch_size, self.n_sentences)
-            yield self.dataset.collater([self.dataset[i] for i in range(start, stop)])
+            yield self.dataset.collater([self.dataset[i] for i in self.order[start:stop]])
 
 
 @dataclass
