@@ -66,12 +66,10 @@ for lambda in $JOINT_LAMBDAS; do
   runs+=("pruned-joint-l$lambda=$dir")
 done
 
-report_args=()
 mkdir -p "$WORK_DIR/report"
 for run in "${runs[@]}"; do
   name="${run%%=*}" dir="${run#*=}"
   bash "$HERE/evaluate.sh" "$name" "$dir/checkpoint_last.pt"
-  report_args+=(--model "$name=$dir/checkpoint_last.pt")
   python "$HERE/lib/gate_trajectory.py" "$dir" --scores "$scores/heads.json" \
     --metrics lrp,confidence > "$WORK_DIR/report/trajectory-$(basename "$dir").txt"
 done
@@ -84,5 +82,5 @@ if [[ -n "$CONTROLS" ]]; then
   done
 fi
 
-bash "$HERE/report.sh" "${report_args[@]}"
+bash "$HERE/report.sh"  # evaluate.sh recorded each model's checkpoint
 log "done: $WORK_DIR/report/report.md"
