@@ -58,10 +58,16 @@ def test_records_match_the_checkpoints_of_the_same_update(run_dir):
 
 def test_gates_close_during_the_run_and_the_reader_finds_when(run_dir):
     records = _records(run_dir)
-    first, final = records[min(records)]["enc-self"], records[max(records)]["enc-self"]
+    # the .jsonl's records, then checkpoint_last.pt: the end of training, after the last one
+    state = load_state(run_dir / "checkpoint_last.pt")
+    last = state["optimizer_history"][-1]["num_updates"]
+    assert last > max(records)
+    records[last] = gate_table(state)["sites"]
+    first, final = records[min(records)]["enc-self"], records[last]["enc-self"]
     assert first["open"] == 8 and final["open"] < 8  # λ = 0.5 closed some
-    result = gate_trajectory.trajectory(run_dir)  # reads the .jsonl
+    result = gate_trajectory.trajectory(run_dir)
     assert result["updates"] == sorted(records)
+    assert result["snapshots"][last]["file"] == "checkpoint_last.pt"
     for layer, row in enumerate(result["closed"]["enc-self"]):
         for head, cell in enumerate(row):
             if final["gate"][layer][head] > 0:
@@ -79,6 +85,7 @@ def test_a_resumed_run_rewrites_its_updates_and_the_reader_keeps_the_last(tmp_pa
     lines = log.read_text().splitlines()
     copy = tmp_path / "run"
     copy.mkdir()
+    (copy / "checkpoint_last.pt").symlink_to(run_dir / "checkpoint_last.pt")
     stale = json.loads(lines[1])
     stale["sites"]["enc-self"]["gate"] = [[0.0] * 4 for _ in range(2)]
     (copy / "gate_trajectory.jsonl").write_text("\n".join([json.dumps(stale), *lines]) + "\n")

@@ -4,8 +4,10 @@
 
 Voita et al. 2019 (Fig. 8) show when each gate of a pruning run closes. ``recipes/prune.sh``
 passes ``--gate-trajectory-interval`` to the L0 criterion, which appends the gates to
-``PRUNE_DIR/gate_trajectory.jsonl`` every N updates; that file is read when it exists.
-Runs without it can save checkpoints along the way instead:
+``PRUNE_DIR/gate_trajectory.jsonl`` every N updates; that file is read when it exists,
+with ``checkpoint_last.pt`` as the last snapshot when it is later than the last record (the
+end of training seldom falls on a multiple of N), so "open at the end" is the final model's
+state. Runs without it can save checkpoints along the way instead:
 
     EXTRA_ARGS="--save-interval-updates 100 --keep-interval-updates -1 --no-save-optimizer-state" \\
       bash recipes/prune.sh
@@ -72,9 +74,26 @@ def snapshots_from_checkpoints(run: Path) -> dict[int, tuple[str, dict]]:
     return snapshots
 
 
+def final_snapshot(run: Path, after: int) -> dict[int, tuple[str, dict]]:
+    """checkpoint_last.pt's gates when it is later than update ``after``, else nothing."""
+    from fairseq_headprune.cli import gate_table
+
+    path = run / "checkpoint_last.pt"
+    if not path.exists():
+        return {}
+    state = load_checkpoint(path)
+    updates = num_updates(state)
+    return {updates: (path.name, gate_table(state))} if updates > after else {}
+
+
 def trajectory(run: Path) -> dict:
     log = run / TRAJECTORY_FILE
-    snapshots = snapshots_from_log(log) if log.exists() else snapshots_from_checkpoints(run)
+    if log.exists():
+        snapshots = snapshots_from_log(log)
+        if snapshots:
+            snapshots.update(final_snapshot(run, max(snapshots)))
+    else:
+        snapshots = snapshots_from_checkpoints(run)
     if not snapshots:
         raise SystemExit(f"error: neither {TRAJECTORY_FILE} nor checkpoint*.pt in {run}")
     updates = sorted(snapshots)
