@@ -157,6 +157,13 @@ def enc_heads(row: dict) -> int | None:
     return heads["enc-self"][0] if "enc-self" in heads else None
 
 
+def is_joint(row: dict) -> bool:
+    """A model with decoder attention gated or reduced as well (joint pruning)."""
+    heads = row["heads"] or {}
+    reduced = any(k != t for s, (k, t) in heads.items() if s != "enc-self")
+    return reduced or len(row.get("gated") or []) > 1
+
+
 def fmt_heads(row: dict) -> str:
     heads = row["heads"]
     if not heads:
@@ -450,10 +457,14 @@ def plot(rows: list[dict], split: str, path: Path) -> None:
     by_method = defaultdict(list)
     for r in rows:
         if split in r["bleu"] and enc_heads(r) is not None:
-            by_method[r["method"]].append((enc_heads(r), r["bleu"][split]))
+            # joint runs prune the decoder too: the x axis counts only encoder heads
+            label = f"{r['method']} (joint)" if is_joint(r) else r["method"]
+            by_method[label].append((enc_heads(r), r["bleu"][split]))
     rank = {m: i for i, m in enumerate(STYLE)}
     for method, points in sorted(by_method.items(), key=lambda kv: rank.get(kv[0], len(rank))):
         marker, line = STYLE.get(method, (".", False))
+        if method.endswith(" (joint)"):
+            marker, line = STYLE.get(method.split()[0], (".", False))[0], False
         if method == "random":
             groups = random_groups([r for r in rows if split in r["bleu"]])
             xs = list(groups)

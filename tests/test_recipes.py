@@ -212,3 +212,37 @@ def test_full_study_in_one_command(quickstart_work, raw_dir):
     assert row.count(" lrp ") == len(kept) and all(k in row for k in kept), row
     closing = report.split("## When the gates closed")[1]
     assert any(line.startswith("| pruned-joint-l0.05 |") for line in closing.splitlines())
+
+
+def test_report_plots_joint_runs_apart_from_encoder_only_ones(tmp_path, monkeypatch):
+    """The plot's x axis counts encoder heads: a joint run (decoder pruned too) is its own
+    series, not a point on the encoder-only curve."""
+    import sys
+
+    sys.path.insert(0, str(REPO / "recipes"))
+    import report
+
+    full = {"enc-self": [48, 48], "dec-self": [24, 24], "dec-enc": [24, 24]}
+    rows = [
+        {"name": "enc", "method": "voita", "heads": {**full, "enc-self": [7, 48]},
+         "gated": ["enc-self"], "bleu": {"test_2016_flickr": 32.0}},
+        {"name": "joint", "method": "voita", "gated": ["enc-self", "dec-self", "dec-enc"],
+         "heads": {"enc-self": [4, 48], "dec-self": [11, 24], "dec-enc": [10, 24]},
+         "bleu": {"test_2016_flickr": 33.0}},
+        {"name": "masked", "method": "masked", "bleu": {"test_2016_flickr": 17.0},
+         "heads": {"enc-self": [4, 48], "dec-self": [11, 24], "dec-enc": [10, 24]}},
+    ]  # fmt: skip
+    assert [report.is_joint(r) for r in rows] == [False, True, True]
+    from matplotlib.figure import Figure
+
+    legends = []
+    save = Figure.savefig
+
+    def savefig(fig, *args, **kwargs):
+        legends.append([t.get_text() for t in fig.axes[0].get_legend().get_texts()])
+        return save(fig, *args, **kwargs)
+
+    monkeypatch.setattr(Figure, "savefig", savefig)
+    report.plot(rows, "test_2016_flickr", tmp_path / "plot.png")
+    assert len(legends) == 1 and sorted(legends[0]) == ["masked (joint)", "voita", "voita (joint)"]
+    assert (tmp_path / "plot.png").stat().st_size > 0
