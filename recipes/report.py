@@ -261,10 +261,9 @@ def operating_points(rows: list[dict], splits: list[str]) -> list[str]:
     """Voita et al.'s operating points: the full model, the encoder-only pruning runs labelled
     by the point (~10 or ~4 encoder heads) they are near, and every joint run with its heads
     kept per attention type; BLEU and the difference to the baseline."""
-    encoder_only = [
-        r for r in rows if r["method"] in PRUNING_METHODS and r.get("gated") == ["enc-self"]
-    ]
-    joint = [r for r in rows if r["method"] in PRUNING_METHODS and len(r.get("gated") or []) > 1]
+    pruning = [r for r in rows if r["method"] in PRUNING_METHODS]
+    encoder_only = [r for r in pruning if r.get("gated") == ["enc-self"] and not is_joint(r)]
+    joint = [r for r in pruning if is_joint(r)]
     # the baseline, and encoder-only runs that kept every head (λ = 0: fine-tuning alone)
     full = [r for r in rows if r["method"] == "baseline"]
     full += [r for r in encoder_only if enc_heads(r) == r["heads"]["enc-self"][1]]

@@ -58,32 +58,35 @@ def snapshots_from_log(path: Path) -> dict[int, tuple[str, dict]]:
     return snapshots
 
 
-def snapshots_from_checkpoints(run: Path) -> dict[int, tuple[str, dict]]:
-    """update → (file, gate table) from every checkpoint*.pt of a run but checkpoint_best.pt."""
+def checkpoint_snapshot(path: Path) -> tuple[int, dict]:
+    """(update, gate table) of one checkpoint of a pruning run."""
     from fairseq_headprune.cli import gate_table
 
+    state = load_checkpoint(path)
+    table = gate_table(state)
+    if not table["sites"]:
+        raise SystemExit(f"error: {path} has no head gates (not a pruning run)")
+    return num_updates(state), table
+
+
+def snapshots_from_checkpoints(run: Path) -> dict[int, tuple[str, dict]]:
+    """update → (file, gate table) from every checkpoint*.pt of a run but checkpoint_best.pt."""
     snapshots = {}
     for path in sorted(run.glob("checkpoint*.pt")):
         if path.name == "checkpoint_best.pt":
             continue
-        state = load_checkpoint(path)
-        table = gate_table(state)
-        if not table["sites"]:
-            raise SystemExit(f"error: {path} has no head gates (not a pruning run)")
-        snapshots.setdefault(num_updates(state), (path.name, table))  # duplicates: same state
+        updates, table = checkpoint_snapshot(path)
+        snapshots.setdefault(updates, (path.name, table))  # duplicates: same state
     return snapshots
 
 
 def final_snapshot(run: Path, after: int) -> dict[int, tuple[str, dict]]:
     """checkpoint_last.pt's gates when it is later than update ``after``, else nothing."""
-    from fairseq_headprune.cli import gate_table
-
     path = run / "checkpoint_last.pt"
     if not path.exists():
         return {}
-    state = load_checkpoint(path)
-    updates = num_updates(state)
-    return {updates: (path.name, gate_table(state))} if updates > after else {}
+    updates, table = checkpoint_snapshot(path)
+    return {updates: (path.name, table)} if updates > after else {}
 
 
 def trajectory(run: Path) -> dict:
