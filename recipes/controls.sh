@@ -9,8 +9,8 @@
 #                exported) or an exported model (PRUNED.heads.json next to it). Required.
 #                Its kept-head count per attention type is the budget: K encoder heads (and,
 #                after joint pruning, the count of each other reduced type).
-#   CONTROLS     ["masked scratch random michel lrp"]   SEEDS ["1 2 3"] (random)
-#   FT_EPOCHS    fine-tuning epochs, = prune.sh's MAX_EPOCH [10] (random, michel, lrp)
+#   CONTROLS     ["masked refit scratch random michel lrp"]   SEEDS ["1 2 3"] (random)
+#   FT_EPOCHS    fine-tuning epochs, = prune.sh's MAX_EPOCH [10] (refit, random, michel, lrp)
 #   SCRATCH_EPOCHS  epochs of the from-scratch run, = the baseline's [25]
 #   SCORE_SENTENCES valid sentences for the LRP and importance scores [2000, i.e. all]
 #   MICHEL_STEP  heads removed per importance step [0: 10 % of the type's heads]
@@ -22,6 +22,10 @@
 #   masked       the pruned structure cut from the baseline's weights, not fine-tuned: what
 #                fine-tuning after pruning buys (named masked-<pruned run>, as it is not
 #                determined by the budget alone)
+#   refit        the same structure cut from the baseline and fine-tuned like random, michel
+#                and lrp: the pruned run's choice of heads with their training budget (a
+#                pruning run trains its final heads only from the update its last gate
+#                closed); named refit-<pruned run>
 #   scratch      the pruned structure (kept-heads JSON) trained from scratch with the
 #                baseline's recipe (train_baseline.sh, --arch gated_transformer --kept-heads
 #                FILE --head-gates none, the baseline's model flags); named
@@ -40,7 +44,7 @@ source "$HERE/lib/common.sh"
 
 BASELINE="${BASELINE:-$WORK_DIR/baseline/checkpoint_best.pt}"
 PRUNED="${PRUNED:-}"
-CONTROLS="${CONTROLS:-masked scratch random michel lrp}"
+CONTROLS="${CONTROLS:-masked refit scratch random michel lrp}"
 SEEDS="${SEEDS:-1 2 3}"
 FT_EPOCHS="${FT_EPOCHS:-10}"
 SCRATCH_EPOCHS="${SCRATCH_EPOCHS:-25}"
@@ -102,6 +106,12 @@ for control in $CONTROLS; do
         --mask "$structure" --out "$run/pruned.pt" --force
       evaluate "masked-$pruned_name" masked "$run/pruned.pt" "$run/pruned.pt.heads.json"
       ;;
+    refit)
+      run="$ctl/refit-$pruned_name"
+      mkdir -p "$run"
+      [[ -s "$run/mask.json" ]] || cp "$structure" "$run/mask.json"
+      prune_and_finetune "refit-$pruned_name" refit
+      ;;
     scratch)
       run="$ctl/scratch-$pruned_name"
       mkdir -p "$run"
@@ -139,7 +149,7 @@ for control in $CONTROLS; do
         --metric lrp --budget "$budget" --out "$run/mask.json"
       prune_and_finetune "lrp-$tag" lrp
       ;;
-    *) die "unknown control '$control' (choose from: masked scratch random michel lrp)" ;;
+    *) die "unknown control '$control' (choose from: masked refit scratch random michel lrp)" ;;
   esac
 done
 log "controls done: $ctl/*-$tag; table: python recipes/report.py"

@@ -17,7 +17,7 @@
 #   JOINT_LAMBDAS λ of the joint runs (HEAD_GATES enc-self,dec-self,dec-enc, decoder not
 #                 frozen) ["0.03"]; "" skips them
 #   CONTROLS      controls.sh's controls at each encoder-only run's budget
-#                 ["masked scratch random michel lrp"]; "" skips them
+#                 ["masked refit scratch random michel lrp"]; "" skips them
 #   BASELINE_EPOCHS [25]  PRUNE_EPOCHS (= FT_EPOCHS of the controls) [10]
 #   SCORE_SENTENCES valid sentences for the baseline's head scores [2000, i.e. all]
 # Outputs: $WORK_DIR/{baseline,prune,controls,eval,scores-baseline,report}; the report is
@@ -30,7 +30,7 @@ export WORK_DIR SRC TGT DATA_BIN
 LAMBDAS="${LAMBDAS:-0.01 0.02 0.03 0.05}"
 TARGETS="${TARGETS:-}"
 JOINT_LAMBDAS="${JOINT_LAMBDAS-0.03}"
-CONTROLS="${CONTROLS-masked scratch random michel lrp}"
+CONTROLS="${CONTROLS-masked refit scratch random michel lrp}"
 BASELINE_EPOCHS="${BASELINE_EPOCHS:-25}"
 PRUNE_EPOCHS="${PRUNE_EPOCHS:-10}"
 SCORE_SENTENCES="${SCORE_SENTENCES:-2000}"

@@ -52,6 +52,7 @@ STYLE = {
     "baseline": ("*", False),
     "voita": ("o", True),
     "target-heads": ("s", True),
+    "refit": ("P", True),
     "scratch": ("^", False),
     "michel": ("D", True),
     "random": ("x", True),

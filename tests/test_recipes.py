@@ -6,6 +6,7 @@ import subprocess
 from pathlib import Path
 
 import pytest
+import torch
 from sacrebleu.metrics import BLEU
 
 from tests.helpers import BIN, REPO
@@ -114,7 +115,8 @@ def test_controls_and_report(quickstart_work, raw_dir):
         SEEDS="1", FT_EPOCHS="1", SCRATCH_EPOCHS="1", SCORE_SENTENCES="20", SUBSETS="test",
     )  # fmt: skip
     _run("controls.sh", work, raw_dir, **settings)
-    names = ["masked-structure5", "scratch-structure5", "random-s1-k5", "michel-k5", "lrp-k5"]
+    names = ["masked-structure5", "refit-structure5", "scratch-structure5", "random-s1-k5"]
+    names += ["michel-k5", "lrp-k5"]
     for name in names:
         assert (work / "eval" / name / "test_2016_flickr.json").exists(), name
         trained = name != "masked-structure5"  # masked: cut from the baseline, no training
@@ -127,6 +129,16 @@ def test_controls_and_report(quickstart_work, raw_dir):
     # the scratch run has the structure's exact heads
     scratch_heads = (work / "controls" / "scratch-structure5" / "kept_heads.json").read_text()
     assert scratch_heads == Path(f"{structure}.heads.json").read_text()
+    # refit fine-tunes the same heads from the baseline's weights: it starts from the masked
+    # control's model
+    refit = json.loads((work / "eval" / "refit-structure5" / "model.json").read_text())
+    assert refit["method"] == "refit" and refit["kept_heads"] == json.loads(scratch_heads)
+    start = [torch.load(work / "controls" / n / "pruned.pt", weights_only=False)["model"]
+             for n in ("refit-structure5", "masked-structure5")]  # fmt: skip
+    assert start[0].keys() == start[1].keys()
+    assert all(torch.equal(start[0][k], start[1][k]) for k in start[0])
+    log = (work / "controls" / "refit-structure5" / "train.log").read_text()
+    assert f"'finetune_from_model': '{work}/controls/refit-structure5/pruned.pt'" in log
     # resumable: a second run finds every step done
     _run("controls.sh", work, raw_dir, **dict(settings, CONTROLS="michel lrp"))
     # any checkpoint under a name of one's own: evaluate.sh records it for the report
@@ -148,7 +160,8 @@ def test_controls_and_report(quickstart_work, raw_dir):
     rows = {line.split("|")[1].strip(): line for line in table.splitlines() if "|" in line}
     for name, method, heads in [
         ("baseline", "baseline", "8/8"), ("pruned-l0.05", "voita", None),
-        ("scratch-structure5", "scratch", "5/8"), ("random-s1-k5", "random", "5/8"),
+        ("refit-structure5", "refit", "5/8"), ("scratch-structure5", "scratch", "5/8"),
+        ("random-s1-k5", "random", "5/8"),
         ("michel-k5", "michel", "5/8"), ("lrp-k5", "lrp", "5/8"),
         ("masked-structure5", "masked", "5/8"), ("my-export", "exported", "5/8"),
     ]:  # fmt: skip
