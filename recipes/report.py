@@ -454,18 +454,23 @@ def plot(rows: list[dict], split: str, path: Path) -> None:
     from matplotlib.ticker import MaxNLocator
 
     fig, ax = plt.subplots(figsize=(6.4, 4.4))
-    by_method = defaultdict(list)
+    # one series per (method, joint): joint runs prune the decoder too, and the x axis counts
+    # only encoder heads, so they get their own unconnected series, listed last
+    by_series = defaultdict(list)
     for r in rows:
         if split in r["bleu"] and enc_heads(r) is not None:
-            # joint runs prune the decoder too: the x axis counts only encoder heads
-            label = f"{r['method']} (joint)" if is_joint(r) else r["method"]
-            by_method[label].append((enc_heads(r), r["bleu"][split]))
+            by_series[(r["method"], is_joint(r))].append((enc_heads(r), r["bleu"][split]))
     rank = {m: i for i, m in enumerate(STYLE)}
-    for method, points in sorted(by_method.items(), key=lambda kv: rank.get(kv[0], len(rank))):
+
+    def order(series: tuple[str, bool]) -> int:
+        method, joint = series
+        return len(rank) if joint else rank.get(method, len(rank))
+
+    for (method, joint), points in sorted(by_series.items(), key=lambda kv: order(kv[0])):
         marker, line = STYLE.get(method, (".", False))
-        if method.endswith(" (joint)"):
-            marker, line = STYLE.get(method.split()[0], (".", False))[0], False
-        if method == "random":
+        line = line and not joint
+        label = f"{method} (joint)" if joint else method
+        if label == "random":
             groups = random_groups([r for r in rows if split in r["bleu"]])
             xs = list(groups)
             stats = [mean_sd([r["bleu"][split] for r in g]) for g in groups.values()]
@@ -478,13 +483,13 @@ def plot(rows: list[dict], split: str, path: Path) -> None:
         points.sort()
         ax.plot(
             [x for x, _ in points], [y for _, y in points], marker=marker,
-            linestyle="-" if line and len(points) > 1 else "none", label=method,
+            linestyle="-" if line and len(points) > 1 else "none", label=label,
         )  # fmt: skip
     ax.xaxis.set_major_locator(MaxNLocator(integer=True))
     ax.set_xlabel("encoder heads kept")
     ax.set_ylabel(f"BLEU ({split})")
     ax.grid(alpha=0.3)
-    if by_method:
+    if by_series:
         ax.legend()
     fig.tight_layout()
     fig.savefig(path, dpi=120)

@@ -230,9 +230,7 @@ def test_full_study_in_one_command(quickstart_work, raw_dir):
 def test_report_plots_joint_runs_apart_from_encoder_only_ones(tmp_path, monkeypatch):
     """The plot's x axis counts encoder heads: a joint run (decoder pruned too) is its own
     series, not a point on the encoder-only curve."""
-    import sys
-
-    sys.path.insert(0, str(REPO / "recipes"))
+    monkeypatch.syspath_prepend(str(REPO / "recipes"))
     import report
 
     full = {"enc-self": [48, 48], "dec-self": [24, 24], "dec-enc": [24, 24]}
