@@ -9,6 +9,9 @@
 #                exported) or an exported model (PRUNED.heads.json next to it). Required.
 #                Its kept-head count per attention type is the budget: K encoder heads (and,
 #                after joint pruning, the count of each other reduced type).
+#   BUDGET       instead of PRUNED, the budget itself for the controls that need only a head
+#                count (random, michel, lrp): K encoder heads, or TYPE:K,... (e.g.
+#                enc-self:10,dec-enc:12). Lets them run before, or beside, the pruning run.
 #   CONTROLS     ["masked refit scratch random michel lrp"]   SEEDS ["1 2 3"] (random)
 #   FT_EPOCHS    fine-tuning epochs, = prune.sh's MAX_EPOCH [10] (refit, random, michel, lrp)
 #   SCRATCH_EPOCHS  epochs of the from-scratch run, = the baseline's [25]
@@ -44,6 +47,7 @@ source "$HERE/lib/common.sh"
 
 BASELINE="${BASELINE:-$WORK_DIR/baseline/checkpoint_best.pt}"
 PRUNED="${PRUNED:-}"
+BUDGET="${BUDGET:-}"
 CONTROLS="${CONTROLS:-masked refit scratch random michel lrp}"
 SEEDS="${SEEDS:-1 2 3}"
 FT_EPOCHS="${FT_EPOCHS:-10}"
@@ -53,25 +57,38 @@ MICHEL_STEP="${MICHEL_STEP:-0}"
 ctl="$WORK_DIR/controls"
 
 [[ -f "$BASELINE" ]] || die "no baseline checkpoint at $BASELINE"
-[[ -n "$PRUNED" && -f "$PRUNED" ]] || die "set PRUNED to a pruned checkpoint (got '$PRUNED')"
+[[ -z "$PRUNED" || -z "$BUDGET" ]] || die "set PRUNED or BUDGET, not both"
+if [[ -n "$BUDGET" ]]; then
+  for control in $CONTROLS; do
+    [[ " random michel lrp " == *" $control "* ]] \
+      || die "control '$control' needs the pruned run's heads: set PRUNED instead of BUDGET"
+  done
+fi
+[[ -n "$BUDGET" || (-n "$PRUNED" && -f "$PRUNED") ]] \
+  || die "set PRUNED to a pruned checkpoint (got '$PRUNED') or BUDGET to a head count"
 mkdir -p "$ctl"
 
-# The budget: the kept heads of the pruned model.
-pruned_name="$(basename "$(dirname "$PRUNED")")-$(basename "$PRUNED" .pt)"
-if [[ -f "$PRUNED.heads.json" ]]; then
-  structure="$PRUNED.heads.json"
-  pruned_name="$(basename "$PRUNED" .pt)"
+# The budget: the kept heads of the pruned model, or BUDGET.
+if [[ -n "$BUDGET" ]]; then
+  what=(--spec "$BUDGET") source_of_budget="BUDGET=$BUDGET"
 else
-  out="$ctl/structures/$pruned_name.pt"
-  if [[ ! -f "$out.heads.json" ]]; then
-    mkdir -p "$ctl/structures"
-    fairseq-headprune export --path "$PRUNED" --out "$out" --force
+  pruned_name="$(basename "$(dirname "$PRUNED")")-$(basename "$PRUNED" .pt)"
+  if [[ -f "$PRUNED.heads.json" ]]; then
+    structure="$PRUNED.heads.json"
+    pruned_name="$(basename "$PRUNED" .pt)"
+  else
+    out="$ctl/structures/$pruned_name.pt"
+    if [[ ! -f "$out.heads.json" ]]; then
+      mkdir -p "$ctl/structures"
+      fairseq-headprune export --path "$PRUNED" --out "$out" --force
+    fi
+    structure="$out.heads.json"
   fi
-  structure="$out.heads.json"
+  what=(--kept "$structure") source_of_budget="$PRUNED"
 fi
-{ read -r tag; read -r budget; } < <(python "$HERE/lib/controls.py" budget --baseline "$BASELINE" --kept "$structure")
-[[ -n "${budget:-}" ]] || die "could not read the head budget of $structure"
-log "budget of $PRUNED: $budget (runs: $ctl/*-$tag)"
+{ read -r tag; read -r budget; } < <(python "$HERE/lib/controls.py" budget --baseline "$BASELINE" "${what[@]}")
+[[ -n "${budget:-}" ]] || die "could not read the head budget of $source_of_budget"
+log "budget of $source_of_budget: $budget (runs: $ctl/*-$tag)"
 
 evaluate() {  # NAME METHOD CKPT KEPT_JSON [SEED]
   local name="$1" method="$2" ckpt="$3" kept="$4" seed=()

@@ -21,7 +21,9 @@ Which model an evaluation belongs to, first rule that applies:
 
 1. ``eval/<NAME>/model.json`` — ``{"method", "checkpoint", "kept_heads", "seed"?}``, written by
    ``recipes/controls.sh`` (``recipes/lib/controls.py record``); write one by hand for any
-   other model;
+   other model. Optional keys: ``"setting"`` (the table's column), and ``"heads"``
+   (``{type: [kept, total]}``) with ``"gated"`` (the gated types), used when the checkpoint is
+   not on this machine;
 2. ``--model NAME=CKPT`` on the command line;
 3. ``eval/<NAME>/checkpoint``, the path ``recipes/evaluate.sh`` records;
 4. the recipes' names (for evaluations from before that record): ``baseline`` →
@@ -123,12 +125,15 @@ def collect(work: Path, models: dict[str, str]) -> list[dict]:
         if record.is_file():
             rec = json.loads(record.read_text())
             row["method"] = rec["method"]
-            row["setting"] = f"seed {rec['seed']}" if "seed" in rec else ""
+            row["setting"] = rec.get("setting") or (f"seed {rec['seed']}" if "seed" in rec else "")
             ckpt = rec.get("checkpoint")
             if rec.get("kept_heads") is not None and ckpt and Path(ckpt).is_file():
                 # totals (and any closed gate) from the checkpoint
                 info = checkpoint_info(Path(ckpt), rec["kept_heads"])
                 row["heads"] = info["heads"]
+            elif rec.get("heads"):  # counted where the checkpoint was: {site: [kept, total]}
+                row["heads"] = {s: list(v) for s, v in rec["heads"].items()}
+                row["gated"] = rec.get("gated", [])
             elif rec.get("kept_heads") is not None:
                 row["heads"] = {s: [sum(map(len, v)), None] for s, v in rec["kept_heads"].items()}
         else:

@@ -180,6 +180,75 @@ def test_controls_and_report(quickstart_work, raw_dir):
     assert lengths["bleu"]["masked-structure5"][0] == round(expected, 2)
 
 
+def test_controls_at_a_head_count_without_a_pruned_run(quickstart_work, raw_dir):
+    """BUDGET=K: the controls that need only a count run before (or beside) the pruning run."""
+    work = quickstart_work
+    settings = dict(
+        BASELINE=str(work / "baseline" / "checkpoint_best.pt"), FT_EPOCHS="1",
+        SCORE_SENTENCES="20", SUBSETS="test",
+    )  # fmt: skip
+    _run("controls.sh", work, raw_dir, **settings, BUDGET="3", CONTROLS="random", SEEDS="7")
+    run = work / "controls" / "random-s7-k3"
+    assert (run / "DONE").exists()
+    record = json.loads((work / "eval" / "random-s7-k3" / "model.json").read_text())
+    assert record["method"] == "random" and record["seed"] == 7
+    # the heads of controls.py's random draw at the budget enc-self:3
+    draw = work / "draw7.json"
+    subprocess.run(
+        [str(BIN / "python"), str(REPO / "recipes" / "lib" / "controls.py"), "topk",
+         "--scores", str(work / "controls" / "scores-baseline" / "heads.json"),
+         "--metric", "random:7", "--budget", "enc-self:3", "--out", str(draw)],
+        check=True, capture_output=True,
+    )  # fmt: skip
+    assert json.loads((run / "mask.json").read_text()) == json.loads(draw.read_text())
+    assert sum(map(len, record["kept_heads"]["enc-self"])) == 3
+    # the same run under the long form of the budget: found done, nothing retrained
+    before = (run / "train.log").read_text()
+    _run(
+        "controls.sh", work, raw_dir, **settings, BUDGET="enc-self:3", CONTROLS="random", SEEDS="7"
+    )
+    assert (run / "train.log").read_text() == before
+    for extra, message in [
+        (dict(BUDGET="3", CONTROLS="masked"), "needs the pruned run's heads"),
+        (dict(BUDGET="3", PRUNED=str(work / "baseline" / "checkpoint_best.pt")), "not both"),
+        (dict(BUDGET="9", CONTROLS="random"), "enc-self has 8 heads, not 9"),
+        (dict(BUDGET="dec:2", CONTROLS="random"), "expected K or TYPE:K"),
+        (dict(CONTROLS="random"), "or BUDGET to a head count"),
+    ]:
+        proc = _recipe("controls.sh", work, raw_dir, **{**settings, **extra})
+        assert proc.returncode != 0 and message in proc.stderr, (extra, proc.stderr[-1000:])
+
+
+def test_report_reads_a_record_made_where_the_checkpoint_was(tmp_path, monkeypatch):
+    """model.json's optional "setting", "heads" and "gated": a row without its checkpoint."""
+    monkeypatch.syspath_prepend(str(REPO / "recipes"))
+    import report
+
+    for name, heads, gated in [
+        ("pruned-k10", {"enc-self": [10, 48], "dec-self": [24, 24], "dec-enc": [24, 24]},
+         ["enc-self"]),
+        ("joint", {"enc-self": [5, 48], "dec-self": [12, 24], "dec-enc": [20, 24]},
+         ["enc-self", "dec-self", "dec-enc"]),
+    ]:  # fmt: skip
+        folder = tmp_path / "eval" / name
+        folder.mkdir(parents=True)
+        (folder / "test_2016_flickr.json").write_text(json.dumps({"bleu": 31.5}))
+        record = {"method": "target-heads", "setting": "target 10", "heads": heads}
+        record.update(gated=gated, checkpoint=str(tmp_path / "gone.pt"), kept_heads={})
+        (folder / "model.json").write_text(json.dumps(record))
+    rows = {r["name"]: r for r in report.collect(tmp_path, {})}
+    row = rows["pruned-k10"]
+    assert (row["method"], row["setting"], row["bleu"]) == (
+        "target-heads",
+        "target 10",
+        {"test_2016_flickr": 31.5},
+    )
+    assert report.fmt_heads(row) == "10/48" and not report.is_joint(row)
+    joint = rows["joint"]
+    assert report.is_joint(joint)
+    assert report.fmt_heads(joint) == "5/48 (dec-self 12/24, dec-enc 20/24)"
+
+
 def test_full_study_in_one_command(quickstart_work, raw_dir):
     """recipes/full.sh: λ sweep, an exact budget, a joint run, controls and the report."""
     work = quickstart_work  # K = 2: a run of its own (test_prune_… made enc-self-k3)

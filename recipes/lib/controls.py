@@ -5,7 +5,8 @@ Subcommands (each writes JSON that ``fairseq-headprune export --mask`` reads):
 - ``budget --baseline CKPT --kept HEADS_JSON``: the head budget a pruned model defines, i.e.
   the number of heads kept per attention type that it reduced. Prints two lines: a tag for run
   folders (``k6``, or ``k6-dec-enc20`` when other types were pruned too) and the budget
-  (``enc-self:6,dec-enc:20``).
+  (``enc-self:6,dec-enc:20``). ``--spec K`` or ``--spec TYPE:K,...`` instead of ``--kept``
+  gives the budget directly (``K`` alone: encoder self-attention), with the same two lines.
 - ``topk --scores heads.json --metric M --budget B --out MASK``: the top-K heads of each
   budgeted type by a metric of ``fairseq-headprune score`` (``lrp``, ``importance``, …) or at
   random (``random:SEED``), ranked within each type with ``export.mask_from_scores`` — for an
@@ -54,9 +55,19 @@ def parse_budget(spec: str) -> dict[str, int]:
 
 def cmd_budget(args: argparse.Namespace) -> None:
     layout = full_layout(args.baseline)
-    kept = json.loads(Path(args.kept).read_text())
-    counts = {s: sum(map(len, rows)) for s, rows in kept.items()}
     totals = {s: n_layers * n_heads for s, (n_layers, n_heads) in layout.items()}
+    if args.spec is not None:
+        spec = args.spec if ":" in args.spec else f"enc-self:{args.spec}"
+        try:
+            counts = parse_budget(spec)
+        except ValueError as err:
+            raise SystemExit(f"budget {args.spec!r}: expected K or TYPE:K,... ({err})") from None
+        for site, k in counts.items():
+            if not 0 <= k <= totals[site]:
+                raise SystemExit(f"budget {args.spec!r}: {site} has {totals[site]} heads, not {k}")
+    else:
+        kept = json.loads(Path(args.kept).read_text())
+        counts = {s: sum(map(len, rows)) for s, rows in kept.items()}
     pruned = [s for s in SITES if s in counts and counts[s] < totals[s]]
     sites = ["enc-self"] + [s for s in pruned if s != "enc-self"]
     tag = f"k{counts.get('enc-self', totals['enc-self'])}"
@@ -141,7 +152,9 @@ def main(argv: list[str] | None = None) -> None:
     sub = parser.add_subparsers(dest="cmd", required=True)
     p = sub.add_parser("budget")
     p.add_argument("--baseline", required=True)
-    p.add_argument("--kept", required=True, help="kept-heads JSON (export's OUT.heads.json)")
+    what = p.add_mutually_exclusive_group(required=True)
+    what.add_argument("--kept", help="kept-heads JSON (export's OUT.heads.json)")
+    what.add_argument("--spec", help="the budget itself: K (encoder heads) or TYPE:K,...")
     p.set_defaults(func=cmd_budget)
     p = sub.add_parser("topk")
     p.add_argument("--scores", required=True)
