@@ -12,7 +12,8 @@
 #   BUDGET       instead of PRUNED, the budget itself for the controls that need only a head
 #                count (random, michel, lrp): K encoder heads, or TYPE:K,... (e.g.
 #                enc-self:10,dec-enc:12). Lets them run before, or beside, the pruning run.
-#   CONTROLS     ["masked refit scratch random michel lrp"]   SEEDS ["1 2 3"] (random)
+#   CONTROLS     ["masked refit scratch random michel lrp"; with BUDGET "random michel lrp"]
+#   SEEDS        ["1 2 3"] (random)
 #   FT_EPOCHS    fine-tuning epochs, = prune.sh's MAX_EPOCH [10] (refit, random, michel, lrp)
 #   SCRATCH_EPOCHS  epochs of the from-scratch run, = the baseline's [25]
 #   SCORE_SENTENCES valid sentences for the LRP and importance scores [2000, i.e. all]
@@ -48,7 +49,8 @@ source "$HERE/lib/common.sh"
 BASELINE="${BASELINE:-$WORK_DIR/baseline/checkpoint_best.pt}"
 PRUNED="${PRUNED:-}"
 BUDGET="${BUDGET:-}"
-CONTROLS="${CONTROLS:-masked refit scratch random michel lrp}"
+if [[ -n "$BUDGET" ]]; then CONTROLS="${CONTROLS:-random michel lrp}"
+else CONTROLS="${CONTROLS:-masked refit scratch random michel lrp}"; fi
 SEEDS="${SEEDS:-1 2 3}"
 FT_EPOCHS="${FT_EPOCHS:-10}"
 SCRATCH_EPOCHS="${SCRATCH_EPOCHS:-25}"

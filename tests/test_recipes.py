@@ -187,9 +187,12 @@ def test_controls_at_a_head_count_without_a_pruned_run(quickstart_work, raw_dir)
         BASELINE=str(work / "baseline" / "checkpoint_best.pt"), FT_EPOCHS="1",
         SCORE_SENTENCES="20", SUBSETS="test",
     )  # fmt: skip
-    _run("controls.sh", work, raw_dir, **settings, BUDGET="3", CONTROLS="random", SEEDS="7")
+    _run("controls.sh", work, raw_dir, **settings, BUDGET="3", SEEDS="7")
     run = work / "controls" / "random-s7-k3"
-    assert (run / "DONE").exists()
+    for name in ("random-s7-k3", "michel-k3", "lrp-k3"):  # BUDGET's default controls
+        assert (work / "controls" / name / "DONE").exists(), name
+        kept = json.loads((work / "eval" / name / "model.json").read_text())["kept_heads"]
+        assert sum(map(len, kept["enc-self"])) == 3, name
     record = json.loads((work / "eval" / "random-s7-k3" / "model.json").read_text())
     assert record["method"] == "random" and record["seed"] == 7
     # the heads of controls.py's random draw at the budget enc-self:3
