@@ -49,7 +49,8 @@ source "$HERE/lib/common.sh"
 BASELINE="${BASELINE:-$WORK_DIR/baseline/checkpoint_best.pt}"
 PRUNED="${PRUNED:-}"
 BUDGET="${BUDGET:-}"
-if [[ -n "$BUDGET" ]]; then CONTROLS="${CONTROLS:-random michel lrp}"
+COUNT_CONTROLS="random michel lrp"  # the controls a head count suffices for (BUDGET)
+if [[ -n "$BUDGET" ]]; then CONTROLS="${CONTROLS:-$COUNT_CONTROLS}"
 else CONTROLS="${CONTROLS:-masked refit scratch random michel lrp}"; fi
 SEEDS="${SEEDS:-1 2 3}"
 FT_EPOCHS="${FT_EPOCHS:-10}"
@@ -62,7 +63,7 @@ ctl="$WORK_DIR/controls"
 [[ -z "$PRUNED" || -z "$BUDGET" ]] || die "set PRUNED or BUDGET, not both"
 if [[ -n "$BUDGET" ]]; then
   for control in $CONTROLS; do
-    [[ " random michel lrp " == *" $control "* ]] \
+    [[ " $COUNT_CONTROLS " == *" $control "* ]] \
       || die "control '$control' needs the pruned run's heads: set PRUNED instead of BUDGET"
   done
 fi
