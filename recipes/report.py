@@ -15,7 +15,9 @@ pruning loses and what fine-tuning recovers. With the scores of the model before
 (``--scores``, default ``$WORK_DIR/scores-baseline/heads.json`` as ``recipes/full.sh`` writes
 it), two more sections for every pruning run: its surviving heads with the roles and LRP
 relevance the scorer found, and Spearman's ρ between a head's LRP relevance / confidence
-and the update at which its gate closed (from ``gate_trajectory.jsonl``).
+and the update at which its gate closed (from ``gate_trajectory.jsonl``). For the models
+trained from scratch (the baseline and the ``scratch`` controls), the validation nll of
+their last epochs from the ``train.log`` next to the checkpoint: whether they converged.
 
 Which model an evaluation belongs to, first rule that applies:
 
@@ -245,6 +247,7 @@ def write_markdown(
                 cells.append(f"{m:.2f} ± {sd:.2f}" if sd is not None else f"{m:.2f} (1 seed)")
             lines.append(f"| {k} | {len(group)} | " + " | ".join(cells) + " |")
     lines += operating_points(rows, splits)
+    lines += training_markdown(rows)
     lines += length_markdown(lengths or {}, rows)
     lines += heads or []
     lines += ["", "Plot: `bleu_vs_heads.png`.", ""]
@@ -307,6 +310,56 @@ def operating_points(rows: list[dict], splits: list[str]) -> list[str]:
             + " |"
         )
     return lines
+
+
+def validation_curve(log: Path) -> list[tuple[int, int, float]]:
+    """(epoch, updates, valid nll) per epoch from a fairseq-train log (``--log-format
+    simple``); a resumed run's log repeats epochs: the last line of an epoch counts."""
+    per_epoch: dict[int, tuple[int, int, float]] = {}
+    for line in log.read_text(errors="replace").splitlines():
+        if "| valid on 'valid' subset |" not in line:
+            continue
+        fields = dict(f.split(" ", 1) for f in line.split("| ")[1:] if " " in f.strip())
+        try:
+            epoch = int(fields["epoch"].split()[0])
+            point = (epoch, int(fields["num_updates"]), float(fields["nll_loss"]))
+        except (KeyError, ValueError):
+            continue
+        per_epoch[epoch] = point
+    return [per_epoch[e] for e in sorted(per_epoch)]
+
+
+def training_markdown(rows: list[dict], last: int = 5) -> list[str]:
+    """How far the models trained from scratch (the baseline, the scratch controls) got:
+    the validation nll of their last epochs, read from ``train.log`` next to the checkpoint.
+    A curve still falling at the end means the model is not converged."""
+    lines = []
+    for r in rows:
+        if r["method"] not in ("baseline", "scratch") or not r.get("checkpoint"):
+            continue
+        log = Path(r["checkpoint"]).parent / "train.log"
+        curve = validation_curve(log) if log.is_file() else []
+        if not curve:
+            continue
+        best = min(curve, key=lambda c: c[2])
+        tail = curve[-last:]
+        lines.append(
+            f"| {r['name']} | {curve[-1][0]} | {curve[-1][1]} | {best[2]:.3f} (epoch {best[0]}) "
+            f"| {' '.join(f'{c[2]:.3f}' for c in tail)} | {tail[-1][2] - tail[0][2]:+.3f} |"
+        )
+    if not lines:
+        return []
+    return [
+        "",
+        "## Training from scratch: how far it got",
+        "",
+        f"Validation nll (base 2) from each run's `train.log`: its last {last} epochs and their",
+        "change. A curve still falling at the end is not converged.",
+        "",
+        f"| model | epochs | updates | best valid nll | last {last} epochs | change |",
+        "|---|---:|---:|---|---|---:|",
+        *lines,
+    ]
 
 
 def role_tags(record: dict) -> list[str]:

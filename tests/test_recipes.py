@@ -9,7 +9,7 @@ import pytest
 import torch
 from sacrebleu.metrics import BLEU
 
-from tests.helpers import BIN, REPO
+from tests.helpers import BIN, REPO, TINY_ARCH, TRAIN_COMMON, USER_DIR, cli
 
 SHARED = REPO.parent / "shared" / "data" / "multi30k"
 TINY = {
@@ -168,6 +168,11 @@ def test_controls_and_report(quickstart_work, raw_dir):
         assert f"| {method} |" in rows[name], rows[name]
         assert heads is None or f"| {heads} |" in rows[name], rows[name]
     assert "mean ± sd" in report
+    # how far the models trained from scratch got (checked against checkpoints below)
+    training = report.split("## Training from scratch")[1].split("##")[0]
+    curves = [line.split("|")[1].strip() for line in training.splitlines()
+              if line.startswith("| ") and "---" not in line][1:]  # fmt: skip
+    assert curves == ["baseline", "scratch-structure5"]
     # BLEU by source length, against sacreBLEU on the bucket's sentences computed here
     lengths = json.loads((work / "report" / "length_buckets.json").read_text())
     assert sum(lengths["sentences"]) == 20 and "## BLEU by source length" in report
@@ -329,3 +334,32 @@ def test_report_plots_joint_runs_apart_from_encoder_only_ones(tmp_path, monkeypa
     report.plot(rows, "test_2016_flickr", tmp_path / "plot.png")
     assert len(legends) == 1 and sorted(legends[0]) == ["masked (joint)", "voita", "voita (joint)"]
     assert (tmp_path / "plot.png").stat().st_size > 0
+
+
+def test_report_shows_how_far_training_got(tiny_data, tmp_path, monkeypatch):
+    """The validation curve of a real fairseq-train log, resumed once (the log appended to, as
+    train_baseline.sh does): epochs, updates and best nll agree with the checkpoint."""
+    monkeypatch.syspath_prepend(str(REPO / "recipes"))
+    import report
+
+    save = tmp_path / "baseline"
+    for epochs in ("2", "4"):  # the second run resumes from checkpoint_last.pt
+        proc = cli(
+            "fairseq-train", tiny_data, "--user-dir", USER_DIR, "--arch", "transformer",
+            *TINY_ARCH, *TRAIN_COMMON, "--save-dir", save, "--max-epoch", epochs,
+            "--criterion", "label_smoothed_cross_entropy", "--best-checkpoint-metric", "nll_loss",
+        )  # fmt: skip
+        with open(save / "train.log", "a") as f:
+            f.write(proc.stdout + proc.stderr)
+    state = torch.load(save / "checkpoint_last.pt", weights_only=False)
+    curve = report.validation_curve(save / "train.log")
+    assert [c[0] for c in curve] == [1, 2, 3, 4]
+    assert curve[-1][1] == state["optimizer_history"][-1]["num_updates"]
+    assert min(c[2] for c in curve) == round(state["extra_state"]["best"], 3)
+    row = {"name": "baseline", "method": "baseline", "checkpoint": str(save / "x.pt")}
+    lines = report.training_markdown([row, dict(row, name="pruned", method="voita")], last=3)
+    table = [line for line in lines if line.startswith("| baseline |")]
+    cells = [c.strip() for c in table[0].split("|")]
+    assert cells[2:4] == ["4", str(curve[-1][1])] and len(lines) == 9
+    assert cells[5].split() == [f"{c[2]:.3f}" for c in curve[-3:]]
+    assert cells[6] == f"{curve[-1][2] - curve[-3][2]:+.3f}"
