@@ -247,9 +247,9 @@ def write_markdown(
                 cells.append(f"{m:.2f} ± {sd:.2f}" if sd is not None else f"{m:.2f} (1 seed)")
             lines.append(f"| {k} | {len(group)} | " + " | ".join(cells) + " |")
     lines += operating_points(rows, splits)
-    lines += training_markdown(rows)
     lines += length_markdown(lengths or {}, rows)
     lines += heads or []
+    lines += training_markdown(rows)
     lines += ["", "Plot: `bleu_vs_heads.png`.", ""]
     path.write_text("\n".join(lines))
 
