@@ -168,7 +168,7 @@ def test_controls_and_report(quickstart_work, raw_dir):
         assert f"| {method} |" in rows[name], rows[name]
         assert heads is None or f"| {heads} |" in rows[name], rows[name]
     assert "mean ± sd" in report
-    # how far the models trained from scratch got (checked against checkpoints below)
+    # how far the models trained from scratch got (the numbers: test_report_shows_how_far_…)
     training = report.split("## Training from scratch")[1].split("##")[0]
     curves = [line.split("|")[1].strip() for line in training.splitlines()
               if line.startswith("| ") and "---" not in line][1:]  # fmt: skip
