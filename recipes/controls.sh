@@ -15,7 +15,7 @@
 #   CONTROLS     ["masked refit scratch random michel lrp"; with BUDGET "random michel lrp"]
 #   SEEDS        ["1 2 3"] (random)
 #   FT_EPOCHS    fine-tuning epochs, = prune.sh's MAX_EPOCH [10] (refit, random, michel, lrp)
-#   SCRATCH_EPOCHS  epochs of the from-scratch run, = the baseline's [25]
+#   SCRATCH_EPOCHS  epochs of the from-scratch run, = the baseline's [55]
 #   SCORE_SENTENCES valid sentences for the LRP and importance scores [2000, i.e. all]
 #   MICHEL_STEP  heads removed per importance step [0: 10 % of the type's heads]
 #   SUBSETS, BEAM, BATCH_SIZE: see evaluate.sh; MAX_TOKENS, EXTRA_ARGS: passed to
@@ -54,7 +54,7 @@ if [[ -n "$BUDGET" ]]; then CONTROLS="${CONTROLS:-$COUNT_CONTROLS}"
 else CONTROLS="${CONTROLS:-masked refit scratch random michel lrp}"; fi
 SEEDS="${SEEDS:-1 2 3}"
 FT_EPOCHS="${FT_EPOCHS:-10}"
-SCRATCH_EPOCHS="${SCRATCH_EPOCHS:-25}"
+SCRATCH_EPOCHS="${SCRATCH_EPOCHS:-55}"
 SCORE_SENTENCES="${SCORE_SENTENCES:-2000}"
 MICHEL_STEP="${MICHEL_STEP:-0}"
 ctl="$WORK_DIR/controls"

@@ -8,8 +8,8 @@
 # Each step is one of the other recipes (read their headers for the fairseq commands and
 # their settings, which pass through); every step skips finished work, so rerunning the
 # command continues an interrupted study. On 2 CPU cores the defaults take days (a pruning
-# run is about 40 minutes, a from-scratch control about 2 hours); a GPU runs the same
-# commands unchanged.
+# run is about 40 minutes, the baseline and each from-scratch control about 4 hours); a GPU
+# runs the same commands unchanged.
 #
 # Settings (environment variables, defaults in brackets):
 #   LAMBDAS       encoder-only --l0-lambda sweep ["0.01 0.02 0.03 0.05"]
@@ -18,7 +18,7 @@
 #                 frozen) ["0.03"]; "" skips them
 #   CONTROLS      controls.sh's controls at each encoder-only run's budget
 #                 ["masked refit scratch random michel lrp"]; "" skips them
-#   BASELINE_EPOCHS [25]  PRUNE_EPOCHS (= FT_EPOCHS of the controls) [10]
+#   BASELINE_EPOCHS [55]  PRUNE_EPOCHS (= FT_EPOCHS of the controls) [10]
 #   SCORE_SENTENCES valid sentences for the baseline's head scores [2000, i.e. all]
 # Outputs: $WORK_DIR/{baseline,prune,controls,eval,scores-baseline,report}; the report is
 # $WORK_DIR/report/report.md with trajectory-<run>.txt per pruning run.
@@ -31,7 +31,7 @@ LAMBDAS="${LAMBDAS:-0.01 0.02 0.03 0.05}"
 TARGETS="${TARGETS:-}"
 JOINT_LAMBDAS="${JOINT_LAMBDAS-0.03}"
 CONTROLS="${CONTROLS-masked refit scratch random michel lrp}"
-BASELINE_EPOCHS="${BASELINE_EPOCHS:-25}"
+BASELINE_EPOCHS="${BASELINE_EPOCHS:-55}"
 PRUNE_EPOCHS="${PRUNE_EPOCHS:-10}"
 SCORE_SENTENCES="${SCORE_SENTENCES:-2000}"
 JOINT_GATES=enc-self,dec-self,dec-enc
