@@ -15,8 +15,9 @@ TORCH_SPEC="${TORCH_SPEC:-torch==2.13.0}"
 [[ -x "$VENV/bin/python" ]] || "$PYTHON" -m venv "$VENV"
 pip() { "$VENV/bin/python" -m pip --disable-pip-version-check -q "$@"; }
 pip install --upgrade pip wheel setuptools
-# torch first, pinned, so that no later step resolves a different (CUDA) build.
-pip install "$TORCH_SPEC" cython
+# torch first, pinned, so that no later step resolves a different (CUDA) build; cython and
+# numpy too, which fairseq's extensions need at build time (without build isolation).
+pip install "$TORCH_SPEC" cython numpy
 # fairseq-fixed is an sdist: build it against the torch just installed (build isolation
 # would download another torch).
 "$VENV/bin/python" -c "import fairseq" 2>/dev/null || pip install --no-build-isolation fairseq-fixed==0.12.3.1
