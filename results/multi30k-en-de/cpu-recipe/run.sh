@@ -1,0 +1,41 @@
+#!/usr/bin/env bash
+# The study on the recipe's own baseline, trained end to end on one 2-core CPU (ninth session
+# on; the machine of sessions 7-8, with the H200+CPU baseline of cpu-conv/, was gone).
+# The recipes in order, most important run first; every step skips finished work, so rerun
+# this after an interruption (one job at a time on this machine):
+#   nohup bash results/multi30k-en-de/cpu-recipe/run.sh > run.log 2>&1 &
+# SNAP: the checkout whose recipes run (default: this one; a git worktree keeps a long run
+# away from edits).
+set -euo pipefail
+cd "${SNAP:-$(dirname "${BASH_SOURCE[0]}")/../../..}"
+export PATH="$PWD/.venv/bin:$PATH" OMP_NUM_THREADS=2
+export WORK_DIR=$HOME/headprune-runs/multi30k-conv SRC=en TGT=de
+export SUBSETS="valid test test1 test2"
+bash recipes/prepare.sh
+bash recipes/train_baseline.sh                      # 55 epochs (recipes/lib/common.sh)
+B=$WORK_DIR/baseline/checkpoint_best.pt
+bash recipes/evaluate.sh baseline "$B"
+scores=$WORK_DIR/scores-baseline
+[[ -s $scores/heads.json ]] || fairseq-headprune score "$WORK_DIR/data-bin" --path "$B" \
+  --subset valid --metrics lrp,confidence,entropy,positional,rare,importance \
+  --max-sentences 2000 --out "$scores" --force
+P=$WORK_DIR/prune
+run_prune() {  # NAME DIR, then prune.sh settings
+  local name=$1 dir=$2; shift 2
+  env "$@" BASELINE="$B" PRUNE_DIR="$dir" bash recipes/prune.sh
+  bash recipes/evaluate.sh "$name" "$dir/checkpoint_last.pt"
+  python recipes/lib/gate_trajectory.py "$dir" --scores "$scores/heads.json" \
+    --metrics lrp,confidence > "$dir/trajectory.txt"
+}
+ctl() { BASELINE="$B" PRUNED=$P/enc-self-k$1/checkpoint_last.pt CONTROLS="$2" SEEDS="1 2 3" \
+  bash recipes/controls.sh; }
+run_prune pruned-k10 "$P/enc-self-k10" TARGET_HEADS=10
+run_prune pruned-l0 "$P/enc-self-l0" LAMBDA=0
+ctl 10 "masked random michel lrp refit"
+run_prune pruned-k4 "$P/enc-self-k4" TARGET_HEADS=4
+ctl 4 "masked random michel lrp refit"
+run_prune pruned-joint-l0.03 "$P/joint-l0.03" LAMBDA=0.03 HEAD_GATES=enc-self,dec-self,dec-enc FREEZE_DECODER=0
+ctl 10 scratch
+ctl 4 scratch
+run_prune pruned-joint-l0 "$P/joint-l0" LAMBDA=0 HEAD_GATES=enc-self,dec-self,dec-enc FREEZE_DECODER=0
+bash recipes/report.sh
