@@ -1,0 +1,40 @@
+#!/usr/bin/env bash
+# Copy the study's small outputs (never checkpoints) from its run folder into this folder:
+# the baseline's epoch lines, every evaluation's JSONs, the head scores, each finished pruning
+# run's log (timestamped lines only), gate table and gate trajectory, each control's masks and
+# log, and the report. Safe to rerun at any point of run.sh.
+set -euo pipefail
+shopt -s nullglob
+HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
+export PATH="$HERE/../../../.venv/bin:$PATH"
+W="${WORK_DIR:-$HOME/headprune-runs/multi30k-conv}"
+stamped() { grep -E '^[0-9]{4}-[0-9]{2}-[0-9]{2} ' "$1" | grep -v 'fairseq_cli.train | {' || true; }
+
+if [[ -f $W/baseline/train.log ]]; then
+  grep -E 'Loaded checkpoint|\| (valid|train) \| epoch' "$W/baseline/train.log" \
+    > "$HERE/baseline-train-epochs.log" || true
+fi
+for d in "$W"/eval/*/; do
+  o="$HERE/eval/$(basename "$d")"; mkdir -p "$o"; cp "$d"/*.json "$o"/
+done
+if [[ -s $W/scores-baseline/heads.json ]]; then
+  mkdir -p "$HERE/scores-baseline"
+  cp "$W"/scores-baseline/{summary.md,heads.json,heads.csv} "$HERE/scores-baseline/"
+fi
+for d in "$W"/prune/*/; do
+  [[ -f $d/DONE ]] || continue
+  o="$HERE/prune/$(basename "$d")"; mkdir -p "$o"
+  stamped "$d/train.log" > "$o/train.log"
+  fairseq-headprune gates "$d/checkpoint_last.pt" > "$o/gates.txt"
+  [[ -f $d/trajectory.txt ]] && cp "$d/trajectory.txt" "$o/"
+done
+for d in "$W"/controls/*/; do
+  o="$HERE/controls/$(basename "$d")"; mkdir -p "$o"
+  for f in mask.json mask.json.steps.json pruned.pt.heads.json; do
+    [[ -f $d/$f ]] && cp "$d/$f" "$o/"
+  done
+  [[ -f $d/train.log ]] && stamped "$d/train.log" > "$o/train.log"
+done
+if [[ -d $W/report ]]; then
+  mkdir -p "$HERE/report"; cp "$W"/report/*.{md,png,txt} "$HERE/report/"
+fi
