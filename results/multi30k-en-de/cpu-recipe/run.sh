@@ -9,7 +9,7 @@
 set -euo pipefail
 cd "${SNAP:-$(dirname "${BASH_SOURCE[0]}")/../../..}"
 export PATH="$PWD/.venv/bin:$PATH" OMP_NUM_THREADS=2
-export WORK_DIR=$HOME/headprune-runs/multi30k-conv SRC=en TGT=de
+export WORK_DIR="${WORK_DIR:-$HOME/headprune-runs/multi30k-conv}" SRC=en TGT=de
 export SUBSETS="valid test test1 test2"
 bash recipes/prepare.sh
 bash recipes/train_baseline.sh                      # 55 epochs (recipes/lib/common.sh)
