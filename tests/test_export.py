@@ -38,6 +38,23 @@ def gated_checkpoint(stock_checkpoint, tmp_path_factory):
     return path
 
 
+@pytest.fixture(scope="module")
+def gated_pre_norm_checkpoint(gated_checkpoint, tmp_path_factory):
+    """The same gated model with pre-norm layers (``--encoder-normalize-before
+    --decoder-normalize-before``, the layout of Voita et al.'s Transformer) and the final
+    LayerNorms they add, with scales other than 1 so that they matter."""
+    state = load_state(gated_checkpoint)
+    args = state["cfg"]["model"]
+    args.encoder_normalize_before = args.decoder_normalize_before = True
+    g = torch.Generator().manual_seed(0)
+    for side in ("encoder", "decoder"):
+        state["model"][f"{side}.layer_norm.weight"] = 1 + 0.2 * torch.randn(16, generator=g)
+        state["model"][f"{side}.layer_norm.bias"] = 0.2 * torch.randn(16, generator=g)
+    path = tmp_path_factory.mktemp("gated-pre-norm") / "gated.pt"
+    torch.save(state, path)
+    return path
+
+
 def _load(path, data):
     (model,), _, task = checkpoint_utils.load_model_ensemble_and_task(
         [str(path)], arg_overrides={"data": str(data)}
@@ -60,7 +77,10 @@ def _hypotheses(path, data):
     return hyps
 
 
-def test_export_equals_gated_model(gated_checkpoint, tiny_data, tmp_path):
+@pytest.mark.parametrize("norm", ["post-norm", "pre-norm"])
+def test_export_equals_gated_model(norm, request, tiny_data, tmp_path):
+    fixture = "gated_checkpoint" if norm == "post-norm" else "gated_pre_norm_checkpoint"
+    gated_checkpoint = request.getfixturevalue(fixture)
     out = tmp_path / "pruned.pt"
     report = cli("fairseq-headprune", "export", "--path", gated_checkpoint, "--out", out).stdout
     assert "enc-self: kept 3/8 heads" in report
@@ -68,6 +88,8 @@ def test_export_equals_gated_model(gated_checkpoint, tiny_data, tmp_path):
     pruned, _ = _load(out, tiny_data)
     assert not list(head_gates(pruned))
     assert isinstance(pruned.encoder.layers[1].self_attn, NoHeadAttention)
+    assert pruned.encoder.layers[0].normalize_before == (norm == "pre-norm")
+    assert (pruned.encoder.layer_norm is not None) == (norm == "pre-norm")
     # order: enc 0, enc 1, then per decoder layer: dec-self, dec-enc
     assert [a.num_heads for _, _, a in attention_modules(pruned)] == [3, 0, 3, 2, 4, 3]
     d = task.source_dictionary
