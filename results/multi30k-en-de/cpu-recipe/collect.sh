@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Copy the study's small outputs (never checkpoints) from its run folder into this folder:
-# the baseline's epoch lines, every evaluation's JSONs, the head scores, each finished pruning
+# the baselines' epoch lines, every evaluation's JSONs, the head scores, each finished pruning
 # run's log (timestamped lines only), gate table and gate trajectory, each control's masks and
 # log, and the report. Safe to rerun at any point of run.sh.
 set -euo pipefail
@@ -10,10 +10,11 @@ export PATH="$HERE/../../../.venv/bin:$PATH"
 W="${WORK_DIR:-$HOME/headprune-runs/multi30k-conv}"
 stamped() { grep -E '^[0-9]{4}-[0-9]{2}-[0-9]{2} ' "$1" | grep -v 'fairseq_cli.train | {' || true; }
 
-if [[ -f $W/baseline/train.log ]]; then
-  grep -E 'Loaded checkpoint|\| (valid|train) \| epoch' "$W/baseline/train.log" \
-    > "$HERE/baseline-train-epochs.log" || true
-fi
+for d in "$W"/baseline*/; do  # baseline (post-norm), baseline-prenorm (tenth session on)
+  [[ -f $d/train.log ]] || continue
+  grep -E 'Loaded checkpoint|\| (valid|train) \| epoch' "$d/train.log" \
+    > "$HERE/$(basename "$d")-train-epochs.log" || true
+done
 for d in "$W"/eval/*/; do
   o="$HERE/eval/$(basename "$d")"; mkdir -p "$o"; cp "$d"/*.json "$o"/
 done
