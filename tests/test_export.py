@@ -46,10 +46,10 @@ def gated_pre_norm_checkpoint(gated_checkpoint, tmp_path_factory):
     state = load_state(gated_checkpoint)
     args = state["cfg"]["model"]
     args.encoder_normalize_before = args.decoder_normalize_before = True
-    g = torch.Generator().manual_seed(0)
+    g, dim = torch.Generator().manual_seed(0), args.encoder_embed_dim
     for side in ("encoder", "decoder"):
-        state["model"][f"{side}.layer_norm.weight"] = 1 + 0.2 * torch.randn(16, generator=g)
-        state["model"][f"{side}.layer_norm.bias"] = 0.2 * torch.randn(16, generator=g)
+        state["model"][f"{side}.layer_norm.weight"] = 1 + 0.2 * torch.randn(dim, generator=g)
+        state["model"][f"{side}.layer_norm.bias"] = 0.2 * torch.randn(dim, generator=g)
     path = tmp_path_factory.mktemp("gated-pre-norm") / "gated.pt"
     torch.save(state, path)
     return path
