@@ -139,8 +139,9 @@ for control in $CONTROLS; do
         die "$run was trained on another structure than $structure; move it away first"
       fi
       cp "$structure" "$run/kept_heads.json"
+      # the baseline's own shape, dropout and norm flags (NORM=post adds no norm flag of its own)
       model_flags="$(python "$HERE/lib/model_flags.py" "$BASELINE")"
-      BASELINE_DIR="$run" MAX_EPOCH="$SCRATCH_EPOCHS" ARCH=gated_transformer \
+      BASELINE_DIR="$run" MAX_EPOCH="$SCRATCH_EPOCHS" ARCH=gated_transformer NORM=post \
         ARCH_ARGS="$model_flags --kept-heads $run/kept_heads.json --head-gates none" \
         bash "$HERE/train_baseline.sh"
       evaluate "scratch-$pruned_name" scratch "$run/checkpoint_best.pt" "$run/kept_heads.json"

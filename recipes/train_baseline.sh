@@ -11,6 +11,10 @@
 #   WORK_DIR [$HOME/headprune-runs/multi30k]   DATA_BIN [$WORK_DIR/data-bin]
 #   BASELINE_DIR [$WORK_DIR/baseline]          MAX_EPOCH [55]   MAX_TOKENS [4096]
 #   EMBED_DIM [256]  FFN_DIM [1024]  ENC_LAYERS [6]  DEC_LAYERS [3]  HEADS [8]
+#   NORM [post]: where each sublayer's LayerNorm sits. post: after the residual sum (fairseq's
+#   default); pre: before the sublayer, with a final LayerNorm on the encoder and decoder
+#   outputs (--encoder-normalize-before --decoder-normalize-before), the layout of Voita et
+#   al.'s Transformer (docs/results.md compares the two on this CPU)
 #   EXTRA_ARGS: appended to fairseq-train (e.g. "--max-update 20" for a smoke run)
 #   ARCH [transformer]   ARCH_ARGS: model flags given after the shape and dropout flags above
 #   (a later flag wins), e.g. recipes/controls.sh's pruned structure trained from scratch:
@@ -32,6 +36,12 @@ HEADS="${HEADS:-8}"
 EXTRA_ARGS="${EXTRA_ARGS:-}"
 ARCH="${ARCH:-transformer}"
 ARCH_ARGS="${ARCH_ARGS:-}"
+NORM="${NORM:-post}"
+case "$NORM" in
+  post) norm_flags="" ;;
+  pre) norm_flags="--encoder-normalize-before --decoder-normalize-before" ;;
+  *) die "NORM must be post or pre, not '$NORM'" ;;
+esac
 
 if [[ -f "$BASELINE_DIR/DONE" ]]; then
   log "baseline already trained: $BASELINE_DIR"; exit 0
@@ -46,7 +56,7 @@ fairseq-train "$DATA_BIN" --user-dir "$USER_DIR" \
   --encoder-attention-heads "$HEADS" --decoder-attention-heads "$HEADS" \
   --encoder-embed-dim "$EMBED_DIM" --decoder-embed-dim "$EMBED_DIM" \
   --encoder-ffn-embed-dim "$FFN_DIM" --decoder-ffn-embed-dim "$FFN_DIM" \
-  --dropout 0.3 --attention-dropout 0.1 $ARCH_ARGS --weight-decay 0.0001 \
+  --dropout 0.3 --attention-dropout 0.1 $norm_flags $ARCH_ARGS --weight-decay 0.0001 \
   --optimizer adam --adam-betas '(0.9, 0.98)' --clip-norm 1.0 \
   --lr 1e-3 --lr-scheduler inverse_sqrt --warmup-updates 500 --warmup-init-lr 1e-7 \
   --criterion label_smoothed_cross_entropy --label-smoothing 0.1 \

@@ -61,6 +61,8 @@ def quickstart_run(raw_dir, tmp_path_factory) -> tuple[Path, str]:
 def test_quickstart_runs_end_to_end_and_resumes(quickstart_run, raw_dir):
     tmp_path, out = quickstart_run
     assert "BLEU test_2016_flickr" in out and "runs: " in out
+    table = out.split("BLEU test_2016_flickr\n")[1].splitlines()
+    assert table[0].split()[:2] == ["baseline", "8"]  # TINY: 2 encoder layers x 4 heads
     report = tmp_path / "report" / "report.md"
     assert f"report: {report}" in out and "pruned-l0.05" in report.read_text()
     result = json.loads((tmp_path / "eval" / "baseline" / "test_2016_flickr.json").read_text())
@@ -137,6 +139,11 @@ def test_controls_and_report(quickstart_work, raw_dir):
              for n in ("refit-structure5", "masked-structure5")]  # fmt: skip
     assert start[0].keys() == start[1].keys()
     assert all(torch.equal(start[0][k], start[1][k]) for k in start[0])
+    # ... and the baseline's layout (model_flags.py carries --*-normalize-before)
+    paths = ("baseline/checkpoint_best.pt", "controls/scratch-structure5/checkpoint_best.pt")
+    cfgs = [torch.load(work / p, weights_only=False)["cfg"]["model"] for p in paths]
+    for flag in ("encoder_normalize_before", "decoder_normalize_before", "share_all_embeddings"):
+        assert getattr(cfgs[0], flag) == getattr(cfgs[1], flag), flag
     log = (work / "controls" / "refit-structure5" / "train.log").read_text()
     assert f"'finetune_from_model': '{work}/controls/refit-structure5/pruned.pt'" in log
     # resumable: a second run finds every step done
@@ -183,6 +190,28 @@ def test_controls_and_report(quickstart_work, raw_dir):
     expected = BLEU().corpus_score([hyps[i] for i in short], [[refs[i] for i in short]]).score
     assert lengths["sentences"][0] == len(short) > 0
     assert lengths["bleu"]["masked-structure5"][0] == round(expected, 2)
+
+
+def test_baseline_norm_layout(quickstart_work, raw_dir, tmp_path):
+    """NORM=pre trains the pre-norm layout (final LayerNorms included), which the pruning and
+    control recipes then read back from the checkpoint; a NORM it does not know is refused."""
+    work = quickstart_work
+    _run("train_baseline.sh", work, raw_dir, BASELINE_DIR=str(tmp_path / "pre"), MAX_EPOCH="1",
+         NORM="pre")  # fmt: skip
+    checkpoint = tmp_path / "pre" / "checkpoint_last.pt"
+    state = torch.load(checkpoint, weights_only=False)
+    args = state["cfg"]["model"]
+    assert args.encoder_normalize_before and args.decoder_normalize_before
+    assert {"encoder.layer_norm.weight", "decoder.layer_norm.weight"} <= set(state["model"])
+    flags = subprocess.run(
+        [str(BIN / "python"), str(REPO / "recipes" / "lib" / "model_flags.py"), str(checkpoint)],
+        check=True, capture_output=True, text=True,
+    ).stdout.split()  # fmt: skip
+    assert {"--encoder-normalize-before", "--decoder-normalize-before"} <= set(flags)
+    proc = _recipe("train_baseline.sh", work, raw_dir, BASELINE_DIR=str(tmp_path / "x"),
+                   NORM="sandwich")  # fmt: skip
+    assert proc.returncode != 0 and "NORM must be post or pre, not 'sandwich'" in proc.stderr
+    assert not (tmp_path / "x").exists()
 
 
 def test_controls_at_a_head_count_without_a_pruned_run(quickstart_work, raw_dir):

@@ -40,10 +40,20 @@ def _sample(sm: ScoringModel, seed: int = 0, src_len: int = 6, tgt_len: int = 5)
     return {"id": torch.arange(3), "net_input": net_input, "target": target}
 
 
-@pytest.mark.parametrize("activation", ["relu", "gelu"])
-def test_lrp_is_conservative(activation):
-    """Σ relevance of embeddings and biases = Σ top-1 logits under the frozen rules."""
-    sm = _scoring_model("transformer", "--activation-fn", activation)
+@pytest.mark.parametrize(
+    "activation,norm",
+    [
+        ("relu", ()),
+        ("gelu", ()),
+        ("relu", ("--encoder-normalize-before", "--decoder-normalize-before")),
+    ],
+)
+def test_lrp_is_conservative(activation, norm):
+    """Σ relevance of embeddings and biases = Σ top-1 logits under the frozen rules, for
+    post-norm and pre-norm layers (the latter with the encoder's and decoder's final
+    LayerNorm)."""
+    sm = _scoring_model("transformer", "--activation-fn", activation, *norm)
+    assert (sm.model.encoder.layer_norm is not None) == bool(norm)
     logit, relevance = input_relevance(sm, _sample(sm))
     assert abs(relevance - logit) <= 1e-4 * abs(logit)
 
