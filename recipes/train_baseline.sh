@@ -2,19 +2,21 @@
 # Step 2: train the stock fairseq transformer that is later pruned.
 #
 # 6 encoder layers x 8 heads (48 encoder heads, as in Voita et al. 2019), 3 decoder layers,
-# 256-dim, joint embeddings. About 4.5 minutes per Multi30k epoch on 2 CPU cores; the default
-# 55 epochs (about 4 hours there) is where the validation BLEU stopped rising (docs/results.md,
-# "The baseline to convergence"). EXTRA_ARGS="--patience N" ends it once the validation nll
-# has not improved for N epochs (fairseq's early stopping).
+# 256-dim, joint embeddings, pre-norm layers (NORM below). 4.5 to 6.5 minutes per Multi30k
+# epoch on 2 CPU cores, depending on the machine; the default 55 epochs is where the validation
+# BLEU of the post-norm layout stopped rising (docs/results.md, "The baseline to convergence").
+# EXTRA_ARGS="--patience N" ends it once the validation nll has not improved for N epochs
+# (fairseq's early stopping); MAX_EPOCH=<the epoch reached> ends a run where it is.
 #
 # Settings (environment variables, defaults in brackets):
 #   WORK_DIR [$HOME/headprune-runs/multi30k]   DATA_BIN [$WORK_DIR/data-bin]
 #   BASELINE_DIR [$WORK_DIR/baseline]          MAX_EPOCH [55]   MAX_TOKENS [4096]
 #   EMBED_DIM [256]  FFN_DIM [1024]  ENC_LAYERS [6]  DEC_LAYERS [3]  HEADS [8]
-#   NORM [post]: where each sublayer's LayerNorm sits. post: after the residual sum (fairseq's
-#   default); pre: before the sublayer, with a final LayerNorm on the encoder and decoder
-#   outputs (--encoder-normalize-before --decoder-normalize-before), the layout of Voita et
-#   al.'s Transformer (docs/results.md compares the two on this CPU)
+#   NORM [pre]: where each sublayer's LayerNorm sits. pre: before the sublayer, with a final
+#   LayerNorm on the encoder and decoder outputs (--encoder-normalize-before
+#   --decoder-normalize-before), the layout of Voita et al.'s Transformer; post: after the
+#   residual sum (fairseq's default), which stalled on 2-core CPUs (docs/results.md, "The study
+#   again, on the recipe's own baseline")
 #   EXTRA_ARGS: appended to fairseq-train (e.g. "--max-update 20" for a smoke run)
 #   ARCH [transformer]   ARCH_ARGS: model flags given after the shape and dropout flags above
 #   (a later flag wins), e.g. recipes/controls.sh's pruned structure trained from scratch:
@@ -36,7 +38,7 @@ HEADS="${HEADS:-8}"
 EXTRA_ARGS="${EXTRA_ARGS:-}"
 ARCH="${ARCH:-transformer}"
 ARCH_ARGS="${ARCH_ARGS:-}"
-NORM="${NORM:-post}"
+NORM="${NORM:-pre}"
 case "$NORM" in
   post) norm_flags="" ;;
   pre) norm_flags="--encoder-normalize-before --decoder-normalize-before" ;;

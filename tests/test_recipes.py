@@ -139,9 +139,11 @@ def test_controls_and_report(quickstart_work, raw_dir):
              for n in ("refit-structure5", "masked-structure5")]  # fmt: skip
     assert start[0].keys() == start[1].keys()
     assert all(torch.equal(start[0][k], start[1][k]) for k in start[0])
-    # ... and the baseline's layout (model_flags.py carries --*-normalize-before)
+    # ... and the baseline's layout, pre-norm by default (model_flags.py carries
+    # --*-normalize-before; the post-norm case: test_baseline_norm_layout)
     paths = ("baseline/checkpoint_best.pt", "controls/scratch-structure5/checkpoint_best.pt")
     cfgs = [torch.load(work / p, weights_only=False)["cfg"]["model"] for p in paths]
+    assert cfgs[0].encoder_normalize_before and cfgs[0].decoder_normalize_before
     for flag in ("encoder_normalize_before", "decoder_normalize_before", "share_all_embeddings"):
         assert getattr(cfgs[0], flag) == getattr(cfgs[1], flag), flag
     log = (work / "controls" / "refit-structure5" / "train.log").read_text()
@@ -193,22 +195,31 @@ def test_controls_and_report(quickstart_work, raw_dir):
 
 
 def test_baseline_norm_layout(quickstart_work, raw_dir, tmp_path):
-    """NORM=pre trains the pre-norm layout (final LayerNorms included), which the pruning and
-    control recipes then read back from the checkpoint; a NORM it does not know is refused."""
-    work = quickstart_work
-    _run("train_baseline.sh", work, raw_dir, BASELINE_DIR=str(tmp_path / "pre"), MAX_EPOCH="1",
-         NORM="pre")  # fmt: skip
-    checkpoint = tmp_path / "pre" / "checkpoint_last.pt"
-    state = torch.load(checkpoint, weights_only=False)
+    """NORM=post (the default is pre, see test_controls_and_report) trains fairseq's post-norm
+    layout, and the from-scratch control of a post-norm baseline is post-norm too: the
+    control recipes read the layout back from the checkpoint. A NORM it does not know is
+    refused."""
+    for name in ("data-bin", "raw"):  # the quickstart's data, runs of this test's own
+        (tmp_path / name).symlink_to(quickstart_work / name)
+    _run("train_baseline.sh", tmp_path, raw_dir, MAX_EPOCH="1", NORM="post")
+    baseline = tmp_path / "baseline" / "checkpoint_best.pt"
+    state = torch.load(baseline, weights_only=False)
     args = state["cfg"]["model"]
-    assert args.encoder_normalize_before and args.decoder_normalize_before
-    assert {"encoder.layer_norm.weight", "decoder.layer_norm.weight"} <= set(state["model"])
-    flags = subprocess.run(
-        [str(BIN / "python"), str(REPO / "recipes" / "lib" / "model_flags.py"), str(checkpoint)],
-        check=True, capture_output=True, text=True,
-    ).stdout.split()  # fmt: skip
-    assert {"--encoder-normalize-before", "--decoder-normalize-before"} <= set(flags)
-    proc = _recipe("train_baseline.sh", work, raw_dir, BASELINE_DIR=str(tmp_path / "x"),
+    assert not args.encoder_normalize_before and not args.decoder_normalize_before
+    assert not {"encoder.layer_norm.weight", "decoder.layer_norm.weight"} & set(state["model"])
+    mask, structure = tmp_path / "keep3.json", tmp_path / "structure3.pt"
+    mask.write_text(json.dumps({"enc-self": [[0, 1], [2]]}))
+    subprocess.run(
+        [str(BIN / "fairseq-headprune"), "export", "--mask", str(mask), "--out", str(structure),
+         "--path", str(baseline)],
+        check=True, capture_output=True,
+    )  # fmt: skip
+    _run("controls.sh", tmp_path, raw_dir, BASELINE=str(baseline), PRUNED=str(structure),
+         CONTROLS="scratch", SCRATCH_EPOCHS="1", SUBSETS="test")  # fmt: skip
+    scratch = tmp_path / "controls" / "scratch-structure3" / "checkpoint_best.pt"
+    scratch_args = torch.load(scratch, weights_only=False)["cfg"]["model"]
+    assert not scratch_args.encoder_normalize_before and not scratch_args.decoder_normalize_before
+    proc = _recipe("train_baseline.sh", tmp_path, raw_dir, BASELINE_DIR=str(tmp_path / "x"),
                    NORM="sandwich")  # fmt: skip
     assert proc.returncode != 0 and "NORM must be post or pre, not 'sandwich'" in proc.stderr
     assert not (tmp_path / "x").exists()

@@ -7,7 +7,8 @@ DATA_BIN="${DATA_BIN:-$WORK_DIR/data-bin}"
 REPO_ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
 USER_DIR="${USER_DIR:-$REPO_ROOT/fairseq_headprune}"
 # Epochs of the stock baseline (and of the from-scratch control, which must match it): where
-# its validation BLEU stopped rising on Multi30k (docs/results.md, "The baseline to convergence").
+# the post-norm baseline's validation BLEU stopped rising on Multi30k (docs/results.md, "The
+# baseline to convergence"); the pre-norm default's own stopping epoch is being measured.
 BASELINE_EPOCHS_DEFAULT=55
 
 log() { echo "[$(date +%H:%M:%S)] $*" >&2; }
