@@ -26,11 +26,8 @@ bash "$HERE/evaluate.sh" baseline "$BASELINE"
 bash "$HERE/evaluate.sh" "pruned-l$LAMBDA" "$PRUNE_DIR/checkpoint_last.pt"
 
 echo
-echo "model             encoder heads   BLEU test_2016_flickr"
-all_heads=$(python -c "from fairseq_headprune.checkpoint_io import load_checkpoint, model_args; a = model_args(load_checkpoint('$BASELINE')); print(a.encoder_layers * a.encoder_attention_heads)")
-printf "%-17s %13s   %s\n" baseline "$all_heads" "$(python -c "import json;print(json.load(open('$WORK_DIR/eval/baseline/test_2016_flickr.json'))['bleu'])")"
-open_heads=$(fairseq-headprune gates "$PRUNE_DIR/checkpoint_last.pt" --json | python -c "import json,sys;print(json.load(sys.stdin)['sites']['enc-self']['open'])")
-printf "%-17s %13s   %s\n" "pruned-l$LAMBDA" "$open_heads" "$(python -c "import json;print(json.load(open('$WORK_DIR/eval/pruned-l$LAMBDA/test_2016_flickr.json'))['bleu'])")"
+python "$HERE/lib/quickstart_table.py" "$WORK_DIR/eval" "$BASELINE" \
+  "pruned-l$LAMBDA=$PRUNE_DIR/checkpoint_last.pt"
 bash "$HERE/report.sh" >/dev/null
 echo "report: $WORK_DIR/report/report.md"
 echo "runs: $WORK_DIR"

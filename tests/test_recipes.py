@@ -207,6 +207,13 @@ def test_baseline_norm_layout(quickstart_work, raw_dir, tmp_path):
     args = state["cfg"]["model"]
     assert not args.encoder_normalize_before and not args.decoder_normalize_before
     assert not {"encoder.layer_norm.weight", "decoder.layer_norm.weight"} & set(state["model"])
+    # MAX_EPOCH=<the epoch reached> ends an unfinished run where it is (how a baseline stopped
+    # by the validation-BLEU rule gets its DONE): fairseq-train resumes, trains no epoch
+    (tmp_path / "baseline" / "DONE").unlink()
+    _run("train_baseline.sh", tmp_path, raw_dir, MAX_EPOCH="1", NORM="post")
+    log = (tmp_path / "baseline" / "train.log").read_text()
+    assert (tmp_path / "baseline" / "DONE").exists() and log.count("done training") == 2
+    assert log.count("| INFO | train | epoch 001 |") == 1 and "epoch 002" not in log
     mask, structure = tmp_path / "keep3.json", tmp_path / "structure3.pt"
     mask.write_text(json.dumps({"enc-self": [[0, 1], [2]]}))
     subprocess.run(

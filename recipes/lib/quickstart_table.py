@@ -1,0 +1,49 @@
+"""Print the quickstart's table: encoder heads kept and BLEU, baseline against pruned model.
+
+The operating points of Voita et al. 2019 ("Analyzing Multi-Head Self-Attention: Specialized
+Heads Do the Heavy Lifting, the Rest Can Be Pruned", ACL 2019) at the quickstart's size.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+from pathlib import Path
+
+# fairseq logs a notice about tensorboardX (used by its text-to-speech task) on import
+logging.getLogger("fairseq.tasks.text_to_speech").setLevel(logging.WARNING)
+
+from fairseq_headprune.checkpoint_io import load_checkpoint, model_args  # noqa: E402
+from fairseq_headprune.cli import gate_table  # noqa: E402
+
+
+def table(eval_dir: Path, split: str, baseline: str, pruned: list[tuple[str, str]]) -> str:
+    """Rows of (name, encoder heads kept, BLEU on ``split``) from evaluate.sh's JSONs."""
+
+    def bleu(name: str) -> float:
+        return json.loads((eval_dir / name / f"{split}.json").read_text())["bleu"]
+
+    args = model_args(load_checkpoint(baseline))
+    lines = [f"{'model':<17} {'encoder heads':>13}   BLEU {split}"]
+    lines.append(f"{'baseline':<17} {args.encoder_layers * args.encoder_attention_heads:>13}   "
+                 f"{bleu('baseline')}")  # fmt: skip
+    for name, checkpoint in pruned:
+        kept = gate_table(load_checkpoint(checkpoint))["sites"]["enc-self"]["open"]
+        lines.append(f"{name:<17} {kept:>13}   {bleu(name)}")
+    return "\n".join(lines)
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("eval_dir", type=Path, help="evaluate.sh's $WORK_DIR/eval")
+    p.add_argument("baseline", help="the baseline checkpoint (evaluated as 'baseline')")
+    p.add_argument("pruned", nargs="+", help="NAME=CHECKPOINT of each pruned (gated) model")
+    p.add_argument("--split", default="test_2016_flickr")
+    args = p.parse_args()
+    pruned = [tuple(item.split("=", 1)) for item in args.pruned]
+    print(table(args.eval_dir, args.split, args.baseline, pruned))
+
+
+if __name__ == "__main__":
+    main()
