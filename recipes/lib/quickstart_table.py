@@ -41,6 +41,8 @@ def main() -> None:
     p.add_argument("pruned", nargs="+", help="NAME=CHECKPOINT of each pruned (gated) model")
     p.add_argument("--split", default="test_2016_flickr")
     args = p.parse_args()
+    if not all("=" in item for item in args.pruned):
+        p.error(f"pruned models are NAME=CHECKPOINT, got {args.pruned}")
     pruned = [tuple(item.split("=", 1)) for item in args.pruned]
     print(table(args.eval_dir, args.split, args.baseline, pruned))
 
