@@ -9,28 +9,24 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import sys
 from pathlib import Path
 
 # fairseq logs a notice about tensorboardX (used by its text-to-speech task) on import
 logging.getLogger("fairseq.tasks.text_to_speech").setLevel(logging.WARNING)
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # recipes/, for report.py
 
-from fairseq_headprune.checkpoint_io import load_checkpoint, model_args  # noqa: E402
-from fairseq_headprune.cli import gate_table  # noqa: E402
+from report import checkpoint_info  # noqa: E402
 
 
-def table(eval_dir: Path, split: str, baseline: str, pruned: list[tuple[str, str]]) -> str:
-    """Rows of (name, encoder heads kept, BLEU on ``split``) from evaluate.sh's JSONs."""
-
-    def bleu(name: str) -> float:
-        return json.loads((eval_dir / name / f"{split}.json").read_text())["bleu"]
-
-    args = model_args(load_checkpoint(baseline))
+def table(eval_dir: Path, split: str, models: list[tuple[str, str]]) -> str:
+    """Rows of (name, encoder heads kept, BLEU on ``split``): the heads counted as
+    recipes/report.py counts them, the BLEU from evaluate.sh's JSONs."""
     lines = [f"{'model':<17} {'encoder heads':>13}   BLEU {split}"]
-    lines.append(f"{'baseline':<17} {args.encoder_layers * args.encoder_attention_heads:>13}   "
-                 f"{bleu('baseline')}")  # fmt: skip
-    for name, checkpoint in pruned:
-        kept = gate_table(load_checkpoint(checkpoint))["sites"]["enc-self"]["open"]
-        lines.append(f"{name:<17} {kept:>13}   {bleu(name)}")
+    for name, checkpoint in models:
+        kept = checkpoint_info(Path(checkpoint))["heads"]["enc-self"][0]
+        bleu = json.loads((eval_dir / name / f"{split}.json").read_text())["bleu"]
+        lines.append(f"{name:<17} {kept:>13}   {bleu}")
     return "\n".join(lines)
 
 
@@ -44,7 +40,7 @@ def main() -> None:
     if not all("=" in item for item in args.pruned):
         p.error(f"pruned models are NAME=CHECKPOINT, got {args.pruned}")
     pruned = [tuple(item.split("=", 1)) for item in args.pruned]
-    print(table(args.eval_dir, args.split, args.baseline, pruned))
+    print(table(args.eval_dir, args.split, [("baseline", args.baseline), *pruned]))
 
 
 if __name__ == "__main__":

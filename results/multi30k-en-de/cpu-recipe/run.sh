@@ -16,8 +16,9 @@ bash recipes/prepare.sh
 # post-norm run in $WORK_DIR/baseline stalled, docs/results.md). Trained until its validation
 # BLEU (every fifth epoch) rises by less than 0.3 over five epochs twice in a row; then
 # MAX_EPOCH=<that epoch> once ends it there (fairseq-train exits, DONE is written).
-BASELINE_DIR=$WORK_DIR/baseline-prenorm bash recipes/train_baseline.sh
-B=$WORK_DIR/baseline-prenorm/checkpoint_best.pt
+baseline_dir=$WORK_DIR/baseline-prenorm
+BASELINE_DIR=$baseline_dir bash recipes/train_baseline.sh
+B=$baseline_dir/checkpoint_best.pt
 bash recipes/evaluate.sh baseline "$B"
 scores=$WORK_DIR/scores-baseline
 [[ -s $scores/heads.json ]] || fairseq-headprune score "$WORK_DIR/data-bin" --path "$B" \
