@@ -15,7 +15,8 @@
 #   CONTROLS     ["masked refit scratch random michel lrp"; with BUDGET "random michel lrp"]
 #   SEEDS        ["1 2 3"] (random)
 #   FT_EPOCHS    fine-tuning epochs, = prune.sh's MAX_EPOCH [10] (refit, random, michel, lrp)
-#   SCRATCH_EPOCHS  epochs of the from-scratch run, = the baseline's [55]
+#   SCRATCH_EPOCHS  epochs of the from-scratch run [the baseline's: the epochs completed by
+#                the checkpoint_last.pt next to BASELINE; 55 without one]
 #   SCORE_SENTENCES valid sentences for the LRP and importance scores [2000, i.e. all]
 #   MICHEL_STEP  heads removed per importance step [0: 10 % of the type's heads]
 #   SUBSETS, BEAM, BATCH_SIZE: see evaluate.sh; MAX_TOKENS, EXTRA_ARGS: passed to
@@ -54,7 +55,7 @@ if [[ -n "$BUDGET" ]]; then CONTROLS="${CONTROLS:-$COUNT_CONTROLS}"
 else CONTROLS="${CONTROLS:-masked refit scratch random michel lrp}"; fi
 SEEDS="${SEEDS:-1 2 3}"
 FT_EPOCHS="${FT_EPOCHS:-10}"
-SCRATCH_EPOCHS="${SCRATCH_EPOCHS:-$BASELINE_EPOCHS_DEFAULT}"
+SCRATCH_EPOCHS="${SCRATCH_EPOCHS:-}"
 SCORE_SENTENCES="${SCORE_SENTENCES:-2000}"
 MICHEL_STEP="${MICHEL_STEP:-0}"
 ctl="$WORK_DIR/controls"
@@ -141,6 +142,16 @@ for control in $CONTROLS; do
       cp "$structure" "$run/kept_heads.json"
       # the baseline's own shape, dropout and norm flags (NORM=post adds no norm flag of its own)
       model_flags="$(python "$HERE/lib/model_flags.py" "$BASELINE")"
+      if [[ -z "$SCRATCH_EPOCHS" ]]; then  # as many epochs as the baseline's own run
+        last="$(dirname "$BASELINE")/checkpoint_last.pt"
+        if [[ -f "$last" ]]; then
+          SCRATCH_EPOCHS="$(python "$HERE/lib/epochs_trained.py" "$last")"
+          log "from scratch for $SCRATCH_EPOCHS epochs, as many as the baseline ($last)"
+        else
+          SCRATCH_EPOCHS="$BASELINE_EPOCHS_DEFAULT"
+          log "from scratch for $SCRATCH_EPOCHS epochs (no $last to count the baseline's)"
+        fi
+      fi
       BASELINE_DIR="$run" MAX_EPOCH="$SCRATCH_EPOCHS" ARCH=gated_transformer NORM=post \
         ARCH_ARGS="$model_flags --kept-heads $run/kept_heads.json --head-gates none" \
         bash "$HERE/train_baseline.sh"

@@ -197,8 +197,8 @@ def test_controls_and_report(quickstart_work, raw_dir):
 def test_baseline_norm_layout(quickstart_work, raw_dir, tmp_path):
     """NORM=post (the default is pre, see test_controls_and_report) trains fairseq's post-norm
     layout, and the from-scratch control of a post-norm baseline is post-norm too: the
-    control recipes read the layout back from the checkpoint. A NORM it does not know is
-    refused."""
+    control recipes read the layout back from the checkpoint, and its epochs from the
+    baseline's checkpoint_last.pt. A NORM it does not know is refused."""
     for name in ("data-bin", "raw"):  # the quickstart's data, runs of this test's own
         (tmp_path / name).symlink_to(quickstart_work / name)
     _run("train_baseline.sh", tmp_path, raw_dir, MAX_EPOCH="1", NORM="post")
@@ -221,8 +221,13 @@ def test_baseline_norm_layout(quickstart_work, raw_dir, tmp_path):
          "--path", str(baseline)],
         check=True, capture_output=True,
     )  # fmt: skip
-    _run("controls.sh", tmp_path, raw_dir, BASELINE=str(baseline), PRUNED=str(structure),
-         CONTROLS="scratch", SCRATCH_EPOCHS="1", SUBSETS="test")  # fmt: skip
+    # no SCRATCH_EPOCHS: the control trains as many epochs as the baseline's run (1)
+    proc = _recipe("controls.sh", tmp_path, raw_dir, BASELINE=str(baseline),
+                   PRUNED=str(structure), CONTROLS="scratch", SUBSETS="test")  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "from scratch for 1 epochs, as many as the baseline" in proc.stderr
+    scratch_log = (tmp_path / "controls" / "scratch-structure3" / "train.log").read_text()
+    assert "| INFO | train | epoch 001 |" in scratch_log and "epoch 002" not in scratch_log
     scratch = tmp_path / "controls" / "scratch-structure3" / "checkpoint_best.pt"
     scratch_args = torch.load(scratch, weights_only=False)["cfg"]["model"]
     assert not scratch_args.encoder_normalize_before and not scratch_args.decoder_normalize_before
