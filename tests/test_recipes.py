@@ -54,8 +54,8 @@ def _run(script: str, work: Path, raw: Path, *args: str, **env) -> str:
 @pytest.fixture(scope="module")
 def quickstart_run(raw_dir, tmp_path_factory) -> tuple[Path, str]:
     """The quickstart's outputs (baseline, pruned run, their BLEU) and its stdout, made once."""
-    work = tmp_path_factory.mktemp("quickstart")
-    return work, _run("quickstart.sh", work, raw_dir)
+    work = tmp_path_factory.mktemp("quickstart")  # TINY has 8 encoder heads: keep 5
+    return work, _run("quickstart.sh", work, raw_dir, TARGET_HEADS="5", TARGET_WARMUP="2")
 
 
 def test_quickstart_runs_end_to_end_and_resumes(quickstart_run, raw_dir):
@@ -64,14 +64,22 @@ def test_quickstart_runs_end_to_end_and_resumes(quickstart_run, raw_dir):
     table = out.split("BLEU test_2016_flickr\n")[1].splitlines()
     assert table[0].split()[:2] == ["baseline", "8"]  # TINY: 2 encoder layers x 4 heads
     report = tmp_path / "report" / "report.md"
-    assert f"report: {report}" in out and "pruned-l0.05" in report.read_text()
+    assert f"report: {report}" in out and "pruned-k5" in report.read_text()
     result = json.loads((tmp_path / "eval" / "baseline" / "test_2016_flickr.json").read_text())
     assert result["sentences"] == 20 and "nrefs:1" in result["signature"]
-    assert (tmp_path / "prune" / "enc-self-l0.05" / "gates.txt").exists()
-    records = (tmp_path / "prune" / "enc-self-l0.05" / "gate_trajectory.jsonl").read_text()
+    assert table[1].split()[0] == "pruned-k5"
+    log = (tmp_path / "prune" / "enc-self-k5" / "train.log").read_text()
+    assert "'target_heads': '5', 'target_heads_warmup_updates': 2" in log
+    assert "head_gate_lr_scale=60.0" in log
+    records = (tmp_path / "prune" / "enc-self-k5" / "gate_trajectory.jsonl").read_text()
     assert json.loads(records.splitlines()[0])["num_updates"] == 0
     # a second run skips the finished steps and prints the same table
-    assert _run("quickstart.sh", tmp_path, raw_dir).splitlines()[-4:] == out.splitlines()[-4:]
+    again = _run("quickstart.sh", tmp_path, raw_dir, TARGET_HEADS="5", TARGET_WARMUP="2")
+    assert again.splitlines()[-4:] == out.splitlines()[-4:]
+    # TARGET_HEADS= (empty): a λ instead of a head budget
+    by_lambda = _run("quickstart.sh", tmp_path, raw_dir, TARGET_HEADS="")
+    assert by_lambda.split("BLEU test_2016_flickr\n")[1].splitlines()[1].startswith("pruned-l0.05")
+    assert "'l0_lambda': 0.05" in (tmp_path / "prune" / "enc-self-l0.05" / "train.log").read_text()
 
 
 def test_evaluate_refuses_incomplete_output(raw_dir, tmp_path):
@@ -109,7 +117,7 @@ def test_controls_and_report(quickstart_work, raw_dir):
     structure = work / "structure5.pt"
     subprocess.run(
         [str(BIN / "fairseq-headprune"), "export", "--mask", str(mask), "--out", str(structure),
-         "--path", str(work / "prune" / "enc-self-l0.05" / "checkpoint_last.pt")],
+         "--path", str(work / "prune" / "enc-self-k5" / "checkpoint_last.pt")],
         check=True, capture_output=True,
     )  # fmt: skip
     settings = dict(
@@ -168,7 +176,7 @@ def test_controls_and_report(quickstart_work, raw_dir):
     table = report.split("## BLEU by source length")[0]  # the BLEU-vs-heads table
     rows = {line.split("|")[1].strip(): line for line in table.splitlines() if "|" in line}
     for name, method, heads in [
-        ("baseline", "baseline", "8/8"), ("pruned-l0.05", "voita", None),
+        ("baseline", "baseline", "8/8"), ("pruned-k5", "target-heads", None),
         ("refit-structure5", "refit", "5/8"), ("scratch-structure5", "scratch", "5/8"),
         ("random-s1-k5", "random", "5/8"),
         ("michel-k5", "michel", "5/8"), ("lrp-k5", "lrp", "5/8"),
