@@ -32,12 +32,10 @@ HEAD_GATES="${HEAD_GATES:-enc-self}"
 FREEZE_DECODER="${FREEZE_DECODER:-1}"
 if [[ -n "$TARGET_HEADS" ]]; then
   budget=(--target-heads "$TARGET_HEADS" --target-heads-warmup-updates "$TARGET_WARMUP")
-  tag="k${TARGET_HEADS//:/}"; tag="${tag//,/+}"
 else
   budget=(--l0-lambda "$LAMBDA")
-  tag="l$LAMBDA"
 fi
-PRUNE_DIR="${PRUNE_DIR:-$WORK_DIR/prune/${HEAD_GATES//,/+}-$tag}"
+PRUNE_DIR="${PRUNE_DIR:-$WORK_DIR/prune/${HEAD_GATES//,/+}-$(prune_tag)}"
 TRAJECTORY_INTERVAL="${TRAJECTORY_INTERVAL:-25}"
 MAX_EPOCH="${MAX_EPOCH:-10}"
 LR="${LR:-5e-4}"

@@ -15,6 +15,18 @@ log() { echo "[$(date +%H:%M:%S)] $*" >&2; }
 die() { echo "error: $*" >&2; exit 1; }
 # take N: the first N lines of stdin, or all of them when N is 0
 take() { if [[ "$1" -gt 0 ]]; then head -n "$1"; else cat; fi; }
+# prune_tag: the pruning budget as it appears in run names: k<TARGET_HEADS> (commas become +,
+# colons go) when TARGET_HEADS is set, else l<LAMBDA>. prune.sh's default PRUNE_DIR and the
+# quickstart's run name both come from it.
+prune_tag() {
+  local tag
+  if [[ -n "${TARGET_HEADS:-}" ]]; then
+    tag="k${TARGET_HEADS//:/}"
+    echo "${tag//,/+}"
+  else
+    echo "l$LAMBDA"
+  fi
+}
 
 # Use the repository's virtual environment when fairseq is not on PATH already.
 if ! command -v fairseq-train >/dev/null 2>&1 && [[ -x "$REPO_ROOT/.venv/bin/fairseq-train" ]]; then
