@@ -71,7 +71,7 @@ for run in "${runs[@]}"; do
   name="${run%%=*}" dir="${run#*=}"
   bash "$HERE/evaluate.sh" "$name" "$dir/checkpoint_last.pt"
   python "$HERE/lib/gate_trajectory.py" "$dir" --scores "$scores/heads.json" \
-    --metrics lrp,confidence > "$WORK_DIR/report/trajectory-$(basename "$dir").txt"
+    > "$WORK_DIR/report/trajectory-$(basename "$dir").txt"
 done
 
 if [[ -n "$CONTROLS" ]]; then

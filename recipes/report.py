@@ -14,10 +14,11 @@ hypotheses (``<split>.hyp``) are there: sacreBLEU of the sentences whose source 
 pruning loses and what fine-tuning recovers. With the scores of the model before pruning
 (``--scores``, default ``$WORK_DIR/scores-baseline/heads.json`` as ``recipes/full.sh`` writes
 it), two more sections for every pruning run: its surviving heads with the roles and LRP
-relevance the scorer found, and Spearman's ρ between a head's LRP relevance / confidence
-and the update at which its gate closed (from ``gate_trajectory.jsonl``). For the models
-trained from scratch (the baseline and the ``scratch`` controls), the validation nll of
-their last epochs from the ``train.log`` next to the checkpoint: whether they converged.
+relevance the scorer found, and Spearman's ρ between a head's LRP relevance / confidence /
+positional fraction and the update at which its gate closed (from
+``gate_trajectory.jsonl``). For the models trained from scratch (the baseline and the
+``scratch`` controls), the validation nll of their last epochs from the ``train.log`` next
+to the checkpoint: whether they converged.
 
 Which model an evaluation belongs to, first rule that applies:
 
@@ -418,9 +419,10 @@ def heads_markdown(rows: list[dict], scores: dict | None) -> list[str]:
         if not (run / gate_trajectory.TRAJECTORY_FILE).exists():
             continue
         result = gate_trajectory.trajectory(run)
-        corr = gate_trajectory.closing_correlations(result, scores, ["lrp", "confidence"])
+        metrics = gate_trajectory.CLOSING_METRICS
+        corr = gate_trajectory.closing_correlations(result, scores, list(metrics))
         cells = []
-        for metric in ("lrp", "confidence"):
+        for metric in metrics:
             rho = corr[metric]["rho"]
             within = [v for v in corr[metric]["rho_by_layer"].values() if v is not None]
             cells.append("–" if rho is None else f"{rho:+.2f}")
@@ -435,8 +437,10 @@ def heads_markdown(rows: list[dict], scores: dict | None) -> list[str]:
             "closed (heads open at the end tie last; > 0: higher score, later closing), over all",
             "gated heads and, as range, within each layer (free of layer-wide trends).",
             "",
-            "| model | snapshots | ρ(lrp) | within layers | ρ(confidence) | within layers |",
-            "|---|---:|---:|---|---:|---|",
+            "| model | snapshots | "
+            + " | ".join(f"ρ({m}) | within layers" for m in gate_trajectory.CLOSING_METRICS)
+            + " |",
+            "|---|---:" + "|---:|---" * len(gate_trajectory.CLOSING_METRICS) + "|",
         ]
         lines += closing
     return lines

@@ -361,6 +361,7 @@ def test_full_study_in_one_command(quickstart_work, raw_dir):
     row = next(line for line in surviving.splitlines() if line.startswith("| pruned-k2 |"))
     assert row.count(" lrp ") == len(kept) and all(k in row for k in kept), row
     closing = report.split("## When the gates closed")[1]
+    assert "| ρ(positional_fraction) |" in closing  # the positional heads' closing order too
     assert any(line.startswith("| pruned-joint-l0.05 |") for line in closing.splitlines())
 
 

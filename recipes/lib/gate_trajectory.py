@@ -22,8 +22,9 @@ attention type; ``--json`` also writes P(open) and the gate of every head per sn
 
 With ``--scores heads.json`` (``fairseq-headprune score`` of the model before pruning), it
 also prints Spearman's rank correlation between each head's score (``--metrics``, default
-LRP relevance and confidence) and the update at which its gate closed: Voita et al. find
-that the heads pruned last are the most relevant and confident ones.
+LRP relevance, confidence and the positional fraction) and the update at which its gate
+closed: Voita et al. find that the heads pruned last are the most relevant and confident
+ones, and the specialised (positional, syntactic) ones.
 """
 
 from __future__ import annotations
@@ -34,6 +35,9 @@ from pathlib import Path
 
 from fairseq_headprune.checkpoint_io import load_checkpoint
 from fairseq_headprune.l0_criterion import TRAJECTORY_FILE
+
+# heads.json fields correlated with the closing update by default (``--metrics``, report.py)
+CLOSING_METRICS = ("lrp", "confidence", "positional_fraction")
 
 
 def num_updates(state: dict) -> int:
@@ -205,7 +209,7 @@ def main(argv: list[str] | None = None) -> None:
         help="heads.json of `fairseq-headprune score` on the model before pruning: "
         "print Spearman's ρ between each --metrics score and the closing update",
     )
-    p.add_argument("--metrics", default="lrp,confidence",
+    p.add_argument("--metrics", default=",".join(CLOSING_METRICS),
                    help="heads.json fields to correlate with the closing update")  # fmt: skip
     args = p.parse_args(argv)
     result = trajectory(args.run)

@@ -30,7 +30,7 @@ run_prune() {  # NAME DIR, then prune.sh settings
   env "$@" BASELINE="$B" PRUNE_DIR="$dir" bash recipes/prune.sh
   bash recipes/evaluate.sh "$name" "$dir/checkpoint_last.pt"
   python recipes/lib/gate_trajectory.py "$dir" --scores "$scores/heads.json" \
-    --metrics lrp,confidence > "$dir/trajectory.txt"
+    > "$dir/trajectory.txt"
 }
 ctl() { BASELINE="$B" PRUNED=$P/enc-self-k$1/checkpoint_last.pt CONTROLS="$2" SEEDS="1 2 3" \
   bash recipes/controls.sh; }
