@@ -18,7 +18,10 @@ relevance the scorer found, and Spearman's ρ between a head's LRP relevance / c
 positional fraction and the update at which its gate closed (from
 ``gate_trajectory.jsonl``). For the models trained from scratch (the baseline and the
 ``scratch`` controls), the validation nll of their last epochs from the ``train.log`` next
-to the checkpoint: whether they converged.
+to the checkpoint: whether they converged. And whether each difference to the baseline
+(``--paired-against``) on ``--plot-split`` is more than chance: sacreBLEU's paired bootstrap
+resampling test (Koehn 2004; 1,000 resamples, sacreBLEU's fixed seed), p-value and 95 %
+confidence interval per model, also written to ``paired_bootstrap.json``.
 
 Which model an evaluation belongs to, first rule that applies:
 
@@ -205,6 +208,7 @@ def write_markdown(
     path: Path,
     lengths: dict | None = None,
     heads: list[str] | None = None,
+    paired: dict | None = None,
 ) -> None:
     order = list(STYLE) + ["exported", "?"]
     rows = sorted(
@@ -249,6 +253,7 @@ def write_markdown(
             lines.append(f"| {k} | {len(group)} | " + " | ".join(cells) + " |")
     lines += operating_points(rows, splits)
     lines += length_markdown(lengths or {}, rows)
+    lines += paired_markdown(paired or {}, rows)
     lines += heads or []
     lines += training_markdown(rows)
     lines += ["", "Plot: `bleu_vs_heads.png`.", ""]
@@ -505,6 +510,70 @@ def length_markdown(result: dict, rows: list[dict]) -> list[str]:
     return lines
 
 
+def paired_bootstrap(
+    work: Path, rows: list[dict], split: str, against: str, tgt: str, samples: int = 1000
+) -> dict:
+    """sacreBLEU's paired bootstrap test of every row with hypotheses on ``split`` against
+    the row named ``against``: {"split", "against", "samples", "models": {name: {"bleu",
+    "mean", "ci", "p"}}} (``p`` None for the reference itself); {} without its hypotheses."""
+    import logging
+
+    from sacrebleu.metrics import BLEU
+    from sacrebleu.significance import PairedTest
+
+    logging.getLogger("sacrebleu").setLevel(logging.WARNING)  # a line per system and step
+    ref_file = work / "raw" / f"{split}.{tgt}"
+    base_file = work / "eval" / against / f"{split}.hyp"
+    if not (ref_file.is_file() and base_file.is_file()):
+        return {}
+    refs = ref_file.read_text(encoding="utf-8").splitlines()
+    systems = []
+    for name in [against] + sorted(r["name"] for r in rows if r["name"] != against):
+        hyp_file = work / "eval" / name / f"{split}.hyp"
+        if not hyp_file.is_file():
+            continue
+        hyps = hyp_file.read_text(encoding="utf-8").splitlines()
+        if len(hyps) != len(refs):
+            raise SystemExit(f"error: {hyp_file} has {len(hyps)} lines for {len(refs)} references")
+        systems.append((name, hyps))
+    if len(systems) < 2:
+        return {}
+    _, results = PairedTest(systems, {"BLEU": BLEU()}, [refs], test_type="bs", n_samples=samples)()
+    models = {
+        name: {"bleu": round(r.score, 2), "mean": round(r.mean, 2), "ci": round(r.ci, 2),
+               "p": None if r.p_value is None else round(r.p_value, 4)}
+        for name, r in zip(results["System"], results["BLEU"])
+    }  # fmt: skip
+    return {"split": split, "against": against, "samples": samples, "models": models}
+
+
+def paired_markdown(result: dict, rows: list[dict]) -> list[str]:
+    if not result.get("models"):
+        return []
+    method = {r["name"]: r["method"] for r in rows}
+    against = result["against"]
+    base = result["models"][against]["bleu"]
+    lines = [
+        "",
+        f"## Paired bootstrap against {against} ({result['split']})",
+        "",
+        f"sacreBLEU's paired bootstrap resampling ({result['samples']} resamples of the test "
+        f"sentences): the mean BLEU ± its 95 % confidence interval, and the p-value of the "
+        f"difference to {against} (* below 0.05: unlikely to be chance).",
+        "",
+        "| model | method | BLEU | difference | mean ± 95 % CI | p |",
+        "|---|---|---:|---:|---:|---:|",
+    ]
+    for name, m in result["models"].items():
+        diff = "" if m["p"] is None else f"{m['bleu'] - base:+.2f}"
+        p = "–" if m["p"] is None else f"{m['p']:.3f}" + (" *" if m["p"] < 0.05 else "")
+        lines.append(
+            f"| {name} | {method.get(name, '?')} | {m['bleu']:.2f} | {diff} | "
+            f"{m['mean']:.2f} ± {m['ci']:.2f} | {p} |"
+        )
+    return lines
+
+
 def plot(rows: list[dict], split: str, path: Path) -> None:
     import logging
 
@@ -575,6 +644,9 @@ def main(argv: list[str] | None = None) -> None:
         help="heads.json of `fairseq-headprune score` on the model "
         "before pruning (default: WORK_DIR/scores-baseline/heads.json if there)",
     )
+    p.add_argument("--paired-against", default="baseline", metavar="NAME",
+                   help="the evaluation (eval/NAME) each model is tested against with "
+                   "sacreBLEU's paired bootstrap on --plot-split")  # fmt: skip
     p.add_argument("--src", default=os.environ.get("SRC", "en"))
     p.add_argument("--tgt", default=os.environ.get("TGT", "de"))
     args = p.parse_args(argv)
@@ -597,7 +669,14 @@ def main(argv: list[str] | None = None) -> None:
     if args.scores and not scores_file.is_file():
         p.error(f"--scores: no file {scores_file}")
     scores = json.loads(scores_file.read_text()) if scores_file.is_file() else None
-    write_markdown(rows, splits, out / "report.md", lengths, heads_markdown(rows, scores))
+    paired = paired_bootstrap(work, rows, plot_split, args.paired_against, args.tgt)
+    paired_file = out / "paired_bootstrap.json"
+    if paired:
+        paired_file.write_text(json.dumps(paired, indent=1) + "\n")
+    else:
+        paired_file.unlink(missing_ok=True)  # not a test of these evaluations
+    heads = heads_markdown(rows, scores)
+    write_markdown(rows, splits, out / "report.md", lengths, heads, paired)
     plot(rows, plot_split, out / "bleu_vs_heads.png")
     print(f"wrote {out / 'report.md'} and {out / 'bleu_vs_heads.png'} ({len(rows)} models)")
 

@@ -317,6 +317,44 @@ def test_report_reads_a_record_made_where_the_checkpoint_was(tmp_path, monkeypat
     assert report.fmt_heads(joint) == "5/48 (dec-self 12/24, dec-enc 20/24)"
 
 
+def test_report_tests_each_model_against_the_baseline(tmp_path, monkeypatch):
+    """Paired bootstrap on the plot split: the baseline with one sentence corrected is no
+    significant difference, the references themselves are one; BLEU as sacreBLEU alone."""
+    monkeypatch.syspath_prepend(str(REPO / "recipes"))
+    import report
+
+    words = "ein hund rennt über die grüne wiese am see neben zwei kindern".split()
+    refs = [" ".join(words[i % 5 : i % 5 + 6] + [str(i)]) for i in range(60)]
+    noisy = [" ".join(r.split()[: 3 + i % 3]) for i, r in enumerate(refs)]
+    (tmp_path / "raw").mkdir()
+    (tmp_path / "raw" / "test_2016_flickr.de").write_text("\n".join(refs) + "\n")
+    near = [refs[0]] + noisy[1:]
+    for name, hyps in (("baseline", noisy), ("near", near), ("perfect", refs)):
+        folder = tmp_path / "eval" / name
+        folder.mkdir(parents=True)
+        (folder / "test_2016_flickr.hyp").write_text("\n".join(hyps) + "\n")
+        bleu = round(BLEU().corpus_score(hyps, [refs]).score, 2)
+        (folder / "test_2016_flickr.json").write_text(json.dumps({"bleu": bleu}))
+    report.main(["--work-dir", str(tmp_path), "--tgt", "de"])
+    out = json.loads((tmp_path / "report" / "paired_bootstrap.json").read_text())
+    models = out["models"]
+    assert (out["split"], out["against"], list(models)) == (
+        "test_2016_flickr", "baseline", ["baseline", "near", "perfect"],
+    )  # fmt: skip
+    assert models["baseline"]["p"] is None
+    assert models["baseline"]["bleu"] == round(BLEU().corpus_score(noisy, [refs]).score, 2)
+    assert 0 < models["near"]["bleu"] - models["baseline"]["bleu"] < 2
+    assert models["near"]["p"] > 0.05
+    assert models["perfect"]["bleu"] == 100.0 and models["perfect"]["p"] < 0.05
+    section = (tmp_path / "report" / "report.md").read_text().split("## Paired bootstrap")[1]
+    assert any(line.startswith("| perfect |") and line.endswith(" * |")
+               for line in section.splitlines())  # fmt: skip
+    # a reference without hypotheses: no test, no section
+    report.main(["--work-dir", str(tmp_path), "--tgt", "de", "--paired-against", "gone"])
+    assert "## Paired bootstrap" not in (tmp_path / "report" / "report.md").read_text()
+    assert not (tmp_path / "report" / "paired_bootstrap.json").exists()
+
+
 def test_full_study_in_one_command(quickstart_work, raw_dir):
     """recipes/full.sh: λ sweep, an exact budget, a joint run, controls and the report."""
     work = quickstart_work  # K = 2: a run of its own (test_prune_… made enc-self-k3)
@@ -362,6 +400,8 @@ def test_full_study_in_one_command(quickstart_work, raw_dir):
     assert row.count(" lrp ") == len(kept) and all(k in row for k in kept), row
     closing = report.split("## When the gates closed")[1]
     assert "| ρ(positional_fraction) |" in closing  # the positional heads' closing order too
+    paired = json.loads((work / "report" / "paired_bootstrap.json").read_text())
+    assert paired["against"] == "baseline" and "pruned-k2" in paired["models"]
     assert any(line.startswith("| pruned-joint-l0.05 |") for line in closing.splitlines())
 
 

@@ -37,5 +37,5 @@ for d in "$W"/controls/*/; do
   [[ -f $d/train.log ]] && stamped "$d/train.log" > "$o/train.log"
 done
 if [[ -d $W/report ]]; then
-  mkdir -p "$HERE/report"; cp "$W"/report/*.{md,png,txt} "$HERE/report/"
+  mkdir -p "$HERE/report"; cp "$W"/report/*.{md,png,txt,json} "$HERE/report/"
 fi
