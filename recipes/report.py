@@ -460,6 +460,17 @@ def bucket_of(n_words: int, edges: tuple[int, ...]) -> int:
     return next((i for i, e in enumerate(edges) if n_words <= e), len(edges))
 
 
+def hypotheses(work: Path, name: str, split: str, n_refs: int) -> list[str] | None:
+    """eval/NAME/<split>.hyp (evaluate.sh), one line per reference; None when not there."""
+    hyp_file = work / "eval" / name / f"{split}.hyp"
+    if not hyp_file.is_file():
+        return None
+    hyps = hyp_file.read_text(encoding="utf-8").splitlines()
+    if len(hyps) != n_refs:
+        raise SystemExit(f"error: {hyp_file} has {len(hyps)} lines for {n_refs} references")
+    return hyps
+
+
 def length_buckets(
     work: Path, rows: list[dict], split: str, edges: tuple[int, ...], src: str, tgt: str
 ) -> dict:
@@ -475,12 +486,9 @@ def length_buckets(
     sizes = [of.count(b) for b in range(len(edges) + 1)]
     table = {}
     for r in rows:
-        hyp_file = work / "eval" / r["name"] / f"{split}.hyp"
-        if not hyp_file.is_file():
+        hyps = hypotheses(work, r["name"], split, len(refs))
+        if hyps is None:
             continue
-        hyps = hyp_file.read_text(encoding="utf-8").splitlines()
-        if len(hyps) != len(refs):
-            raise SystemExit(f"error: {hyp_file} has {len(hyps)} lines for {len(refs)} references")
         table[r["name"]] = [
             round(BLEU().corpus_score([h for h, b in zip(hyps, of) if b == k],
                                       [[x for x, b in zip(refs, of) if b == k]]).score, 2)
@@ -523,20 +531,15 @@ def paired_bootstrap(
 
     logging.getLogger("sacrebleu").setLevel(logging.WARNING)  # a line per system and step
     ref_file = work / "raw" / f"{split}.{tgt}"
-    base_file = work / "eval" / against / f"{split}.hyp"
-    if not (ref_file.is_file() and base_file.is_file()):
+    if not ref_file.is_file():
         return {}
     refs = ref_file.read_text(encoding="utf-8").splitlines()
     systems = []
     for name in [against] + sorted(r["name"] for r in rows if r["name"] != against):
-        hyp_file = work / "eval" / name / f"{split}.hyp"
-        if not hyp_file.is_file():
-            continue
-        hyps = hyp_file.read_text(encoding="utf-8").splitlines()
-        if len(hyps) != len(refs):
-            raise SystemExit(f"error: {hyp_file} has {len(hyps)} lines for {len(refs)} references")
-        systems.append((name, hyps))
-    if len(systems) < 2:
+        hyps = hypotheses(work, name, split, len(refs))
+        if hyps is not None:
+            systems.append((name, hyps))
+    if len(systems) < 2 or systems[0][0] != against:  # nothing to test, or no reference
         return {}
     _, results = PairedTest(systems, {"BLEU": BLEU()}, [refs], test_type="bs", n_samples=samples)()
     models = {
