@@ -172,7 +172,7 @@ def enc_heads(row: dict) -> int | None:
 def is_joint(row: dict) -> bool:
     """A model with decoder attention gated or reduced as well (joint pruning)."""
     heads = row["heads"] or {}
-    reduced = any(k != t for s, (k, t) in heads.items() if s != "enc-self")
+    reduced = any(t is not None and k != t for s, (k, t) in heads.items() if s != "enc-self")
     return reduced or len(row.get("gated") or []) > 1
 
 
@@ -185,7 +185,8 @@ def fmt_heads(row: dict) -> str:
         return str(kept) if total is None else f"{kept}/{total}"
 
     text = kept_of(*heads["enc-self"]) if "enc-self" in heads else "?"
-    shown = [s for s, (k, t) in heads.items() if k != t or s in row.get("gated", ())]
+    gated = row.get("gated") or ()
+    shown = [s for s, (k, t) in heads.items() if (t is not None and k != t) or s in gated]
     others = [f"{s} {kept_of(*heads[s])}" for s in shown if s != "enc-self"]
     return text + (f" ({', '.join(others)})" if others else "")
 

@@ -315,6 +315,16 @@ def test_report_reads_a_record_made_where_the_checkpoint_was(tmp_path, monkeypat
     joint = rows["joint"]
     assert report.is_joint(joint)
     assert report.fmt_heads(joint) == "5/48 (dec-self 12/24, dec-enc 20/24)"
+    # only kept_heads recorded and the checkpoint gone: totals unknown, not joint pruning
+    folder = tmp_path / "eval" / "random-s1-k2"
+    folder.mkdir()
+    (folder / "val.json").write_text(json.dumps({"bleu": 30.0}))
+    kept = {"enc-self": [[0], [3]], "dec-self": [[0, 1], [0, 1]], "dec-enc": [[0, 1], [0, 1]]}
+    record = {"method": "random", "seed": 1, "checkpoint": str(tmp_path / "gone.pt")}
+    (folder / "model.json").write_text(json.dumps({**record, "kept_heads": kept}))
+    row = {r["name"]: r for r in report.collect(tmp_path, {})}["random-s1-k2"]
+    assert row["heads"]["dec-self"] == [4, None] and row["setting"] == "seed 1"
+    assert report.fmt_heads(row) == "2" and not report.is_joint(row)
 
 
 def test_report_tests_each_model_against_the_baseline(tmp_path, monkeypatch):

@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # Copy the study's small outputs (never checkpoints) from its run folder into this folder:
-# the baselines' epoch lines, every evaluation's JSONs, the head scores, each finished pruning
-# run's log (timestamped lines only), gate table and gate trajectory, each control's masks and
-# log, and the report. Safe to rerun at any point of run.sh.
+# the baselines' epoch lines, every evaluation's JSONs and hypotheses, the head scores, each
+# finished pruning run's log (timestamped lines only), gate table and gate trajectory (table and
+# the criterion's JSONL), each control's masks and log, and the report. Safe to rerun at any
+# point of run.sh.
 set -euo pipefail
 shopt -s nullglob
 HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
@@ -15,8 +16,9 @@ for d in "$W"/baseline*/; do  # baseline (post-norm), baseline-prenorm (tenth se
   grep -E 'Loaded checkpoint|\| (valid|train) \| epoch' "$d/train.log" \
     > "$HERE/$(basename "$d")-train-epochs.log" || true
 done
-for d in "$W"/eval/*/; do
-  o="$HERE/eval/$(basename "$d")"; mkdir -p "$o"; cp "$d"/*.json "$o"/
+for d in "$W"/eval/*/; do  # hypotheses too (seventeenth session on): the paired bootstrap
+  # tests and length buckets need them, and a new machine loses the run folder
+  o="$HERE/eval/$(basename "$d")"; mkdir -p "$o"; cp "$d"/*.json "$d"/*.hyp "$o"/
 done
 if [[ -s $W/scores-baseline/heads.json ]]; then
   mkdir -p "$HERE/scores-baseline"
@@ -27,7 +29,7 @@ for d in "$W"/prune/*/; do
   o="$HERE/prune/$(basename "$d")"; mkdir -p "$o"
   stamped "$d/train.log" > "$o/train.log"
   fairseq-headprune gates "$d/checkpoint_last.pt" > "$o/gates.txt"
-  [[ -f $d/trajectory.txt ]] && cp "$d/trajectory.txt" "$o/"
+  for f in trajectory.txt gate_trajectory.jsonl; do [[ -f $d/$f ]] && cp "$d/$f" "$o/"; done
 done
 for d in "$W"/controls/*/; do
   o="$HERE/controls/$(basename "$d")"; mkdir -p "$o"
