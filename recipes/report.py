@@ -27,9 +27,10 @@ Which model an evaluation belongs to, first rule that applies:
 
 1. ``eval/<NAME>/model.json`` — ``{"method", "checkpoint", "kept_heads", "seed"?}``, written by
    ``recipes/controls.sh`` (``recipes/lib/controls.py record``); write one by hand for any
-   other model. Optional keys: ``"setting"`` (the table's column), and ``"heads"``
+   other model. Optional keys: ``"setting"`` (the table's column), ``"heads"``
    (``{type: [kept, total]}``) with ``"gated"`` (the gated types), used when the checkpoint is
-   not on this machine;
+   not on this machine, and ``"baseline"``: the NAME of the baseline the model was made from,
+   when that is not ``eval/baseline`` (the operating points' differences are to it);
 2. ``--model NAME=CKPT`` on the command line;
 3. ``eval/<NAME>/checkpoint``, the path ``recipes/evaluate.sh`` records;
 4. the recipes' names (for evaluations from before that record): ``baseline`` →
@@ -132,6 +133,8 @@ def collect(work: Path, models: dict[str, str]) -> list[dict]:
             rec = json.loads(record.read_text())
             row["method"] = rec["method"]
             row["setting"] = rec.get("setting") or (f"seed {rec['seed']}" if "seed" in rec else "")
+            if rec.get("baseline"):
+                row["baseline"] = rec["baseline"]
             ckpt = rec.get("checkpoint")
             if rec.get("kept_heads") is not None and ckpt and Path(ckpt).is_file():
                 # totals (and any closed gate) from the checkpoint
@@ -289,28 +292,30 @@ def operating_points(rows: list[dict], splits: list[str]) -> list[str]:
     points += [("joint pruning", r) for r in joint]
     if not points:
         return []
-    base = next((r for r in rows if r["method"] == "baseline"), None)
+    by_name = {r["name"]: r for r in rows}
+    base = by_name.get("baseline") or next((r for r in rows if r["method"] == "baseline"), None)
     lines = [
         "",
         "## Operating points",
         "",
         "As in Voita et al.'s Table 1: the full model (the baseline, and fine-tuned with every",
         "head kept), the encoder-only pruning runs (~10 / ~4: within half of that count), and",
-        "the joint runs with the heads kept per attention type. In brackets: BLEU minus the",
-        "baseline's.",
+        "the joint runs with the heads kept per attention type. In brackets: BLEU minus that",
+        "of the baseline the model was made from.",
         "",
         "| operating point | model | method | heads kept | " + " | ".join(splits) + " |",
         "|---|---|---|---|" + "---:|" * len(splits),
     ]
     for label, r in points:
+        ref = by_name.get(r.get("baseline", "")) or base  # the baseline it was made from
         cells = []
         for s in splits:
             if s not in r["bleu"]:
                 cells.append("–")
-            elif base is None or r is base or s not in base["bleu"]:
+            elif ref is None or r is ref or s not in ref["bleu"]:
                 cells.append(f"{r['bleu'][s]:.2f}")
             else:
-                cells.append(f"{r['bleu'][s]:.2f} ({r['bleu'][s] - base['bleu'][s]:+.2f})")
+                cells.append(f"{r['bleu'][s]:.2f} ({r['bleu'][s] - ref['bleu'][s]:+.2f})")
         lines.append(
             f"| {label} | {r['name']} | {r['method']} | {fmt_heads(r)} | "
             + " | ".join(cells)

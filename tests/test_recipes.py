@@ -415,6 +415,33 @@ def test_full_study_in_one_command(quickstart_work, raw_dir):
     assert any(line.startswith("| pruned-joint-l0.05 |") for line in closing.splitlines())
 
 
+def test_report_differences_are_to_each_models_own_baseline(tmp_path, monkeypatch):
+    """Models made from another baseline (model.json "baseline") are compared with it."""
+    monkeypatch.syspath_prepend(str(REPO / "recipes"))
+    import report
+
+    full = {"enc-self": [48, 48], "dec-self": [24, 24], "dec-enc": [24, 24]}
+    for name, bleu, record in [
+        ("baseline", 38.0, {"method": "baseline"}),
+        ("pruned-k4", 36.5, {"method": "target-heads", "gated": ["enc-self"],
+                             "heads": {**full, "enc-self": [4, 48]}}),
+        ("first-baseline", 40.0, {"method": "baseline", "baseline": "first-baseline"}),
+        ("first-pruned-k10", 39.0, {"method": "target-heads", "gated": ["enc-self"],
+                                    "heads": {**full, "enc-self": [10, 48]},
+                                    "baseline": "first-baseline"}),
+    ]:  # fmt: skip
+        folder = tmp_path / "eval" / name
+        folder.mkdir(parents=True)
+        (folder / "val.json").write_text(json.dumps({"bleu": bleu}))
+        record.setdefault("heads", full)
+        (folder / "model.json").write_text(json.dumps(record))
+    table = report.operating_points(report.collect(tmp_path, {}), ["val"])
+    cells = {line.split(" | ")[1]: line.split(" | ")[-1] for line in table if "| " in line}
+    assert cells["pruned-k4"] == "36.50 (-1.50) |"
+    assert cells["first-pruned-k10"] == "39.00 (-1.00) |"
+    assert cells["baseline"] == "38.00 |" and cells["first-baseline"] == "40.00 |"
+
+
 def test_report_plots_joint_runs_apart_from_encoder_only_ones(tmp_path, monkeypatch):
     """The plot's x axis counts encoder heads: a joint run (decoder pruned too) is its own
     series, not a point on the encoder-only curve."""

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Copy the study's small outputs (never checkpoints) from its run folder into this folder:
+# Copy the study's small outputs (never checkpoints) from its run folder into OUT:
 # the baselines' epoch lines, every evaluation's JSONs and hypotheses, the head scores, each
 # finished pruning run's log (timestamped lines only), gate table and gate trajectory (table and
 # the criterion's JSONL), each control's masks and log, and the report. Safe to rerun at any
@@ -8,36 +8,40 @@ set -euo pipefail
 shopt -s nullglob
 HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 export PATH="$HERE/../../../.venv/bin:$PATH"
-W="${WORK_DIR:-$HOME/headprune-runs/multi30k-conv}"
+# From the seventeenth session on, the study of the second baseline (run.sh's multi30k-conv2)
+# goes to second-baseline/; the first baseline's files stay where they are, in this folder.
+W="${WORK_DIR:-$HOME/headprune-runs/multi30k-conv2}"
+OUT="${OUT:-$HERE/second-baseline}"
+mkdir -p "$OUT"
 stamped() { grep -E '^[0-9]{4}-[0-9]{2}-[0-9]{2} ' "$1" | grep -v 'fairseq_cli.train | {' || true; }
 
 for d in "$W"/baseline*/; do  # baseline (post-norm), baseline-prenorm (tenth session on)
   [[ -f $d/train.log ]] || continue
   grep -E 'Loaded checkpoint|\| (valid|train) \| epoch' "$d/train.log" \
-    > "$HERE/$(basename "$d")-train-epochs.log" || true
+    > "$OUT/$(basename "$d")-train-epochs.log" || true
 done
 for d in "$W"/eval/*/; do  # hypotheses too (seventeenth session on): the paired bootstrap
   # tests and length buckets need them, and a new machine loses the run folder
-  o="$HERE/eval/$(basename "$d")"; mkdir -p "$o"; cp "$d"/*.json "$d"/*.hyp "$o"/
+  o="$OUT/eval/$(basename "$d")"; mkdir -p "$o"; cp "$d"/*.json "$d"/*.hyp "$o"/
 done
 if [[ -s $W/scores-baseline/heads.json ]]; then
-  mkdir -p "$HERE/scores-baseline"
-  cp "$W"/scores-baseline/{summary.md,heads.json,heads.csv} "$HERE/scores-baseline/"
+  mkdir -p "$OUT/scores-baseline"
+  cp "$W"/scores-baseline/{summary.md,heads.json,heads.csv} "$OUT/scores-baseline/"
 fi
 for d in "$W"/prune/*/; do
   [[ -f $d/DONE ]] || continue
-  o="$HERE/prune/$(basename "$d")"; mkdir -p "$o"
+  o="$OUT/prune/$(basename "$d")"; mkdir -p "$o"
   stamped "$d/train.log" > "$o/train.log"
   fairseq-headprune gates "$d/checkpoint_last.pt" > "$o/gates.txt"
   for f in trajectory.txt gate_trajectory.jsonl; do [[ -f $d/$f ]] && cp "$d/$f" "$o/"; done
 done
 for d in "$W"/controls/*/; do
-  o="$HERE/controls/$(basename "$d")"; mkdir -p "$o"
+  o="$OUT/controls/$(basename "$d")"; mkdir -p "$o"
   for f in mask.json mask.json.steps.json pruned.pt.heads.json; do
     [[ -f $d/$f ]] && cp "$d/$f" "$o/"
   done
   [[ -f $d/train.log ]] && stamped "$d/train.log" > "$o/train.log"
 done
 if [[ -d $W/report ]]; then
-  mkdir -p "$HERE/report"; cp "$W"/report/*.{md,png,txt,json} "$HERE/report/"
+  mkdir -p "$OUT/report"; cp "$W"/report/*.{md,png,txt,json} "$OUT/report/"
 fi

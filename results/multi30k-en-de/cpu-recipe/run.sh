@@ -9,7 +9,9 @@
 set -euo pipefail
 cd "${SNAP:-$(dirname "${BASH_SOURCE[0]}")/../../..}"
 export PATH="$PWD/.venv/bin:$PATH" OMP_NUM_THREADS=2
-export WORK_DIR="${WORK_DIR:-$HOME/headprune-runs/multi30k-conv}" SRC=en TGT=de
+# The second baseline's run folder (seventeenth session on; the first's, multi30k-conv, was
+# lost with its machine).
+export WORK_DIR="${WORK_DIR:-$HOME/headprune-runs/multi30k-conv2}" SRC=en TGT=de
 export SUBSETS="valid test test1 test2"
 bash recipes/prepare.sh
 # The pre-norm baseline (NORM=pre, the recipe's default since the eleventh session; the
@@ -41,7 +43,7 @@ ctl() { BASELINE="$B" PRUNED=$P/enc-self-k$1/checkpoint_last.pt CONTROLS="$2" SE
 # 7.598 at epoch 1 in both, 6.110 against 6.109 at epoch 2), so it is a second baseline of
 # the same recipe: the steps not done yet run on it, the 10-head run again only where a
 # later step (its from-scratch control) needs its checkpoint, and the committed 10-head
-# results stay on the first.
+# results stay on the first. collect.sh copies this study's outputs to second-baseline/.
 run_prune pruned-k4 "$P/enc-self-k4" TARGET_HEADS=4
 run_prune pruned-joint-l0.03 "$P/joint-l0.03" LAMBDA=0.03 HEAD_GATES=enc-self,dec-self,dec-enc FREEZE_DECODER=0
 ctl 4 "masked random michel lrp refit"
@@ -49,9 +51,11 @@ ctl 4 scratch
 run_prune pruned-k10 "$P/enc-self-k10" TARGET_HEADS=10
 ctl 10 scratch
 run_prune pruned-joint-l0 "$P/joint-l0" LAMBDA=0 HEAD_GATES=enc-self,dec-self,dec-enc FREEZE_DECODER=0
-# The evaluations committed here whose runs this machine lacks (the 10-head controls, the
-# lambda = 0 run) join the report as they are, their model.json saying what they were.
+# The first baseline's evaluations committed here (the baseline, the 10-head run, its
+# lambda = 0 run and controls) join the report as first-<name>, their model.json saying what
+# they were and that their differences are to first-baseline.
 for d in results/multi30k-en-de/cpu-recipe/eval/*/; do
-  [[ -e $WORK_DIR/eval/$(basename "$d") ]] || cp -r "$d" "$WORK_DIR/eval/"
+  dest=$WORK_DIR/eval/first-$(basename "$d")
+  [[ -e $dest ]] || cp -r "$d" "$dest"
 done
 bash recipes/report.sh
