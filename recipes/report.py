@@ -594,36 +594,42 @@ def plot(rows: list[dict], split: str, path: Path) -> None:
     from matplotlib.ticker import MaxNLocator
 
     fig, ax = plt.subplots(figsize=(6.4, 4.4))
-    # one series per (method, joint): joint runs prune the decoder too, and the x axis counts
-    # only encoder heads, so they get their own unconnected series, listed last
+    # one series per (method, joint, baseline): joint runs prune the decoder too, and the x axis
+    # counts only encoder heads, so they get their own unconnected series, listed last; models
+    # made from another baseline than eval/baseline (model.json "baseline") are series apart
     by_series = defaultdict(list)
     for r in rows:
         if split in r["bleu"] and enc_heads(r) is not None:
-            by_series[(r["method"], is_joint(r))].append((enc_heads(r), r["bleu"][split]))
+            series = (r["method"], is_joint(r), r.get("baseline", ""))
+            by_series[series].append((enc_heads(r), r["bleu"][split]))
     rank = {m: i for i, m in enumerate(STYLE)}
 
-    def order(series: tuple[str, bool]) -> int:
-        method, joint = series
-        return len(rank) if joint else rank.get(method, len(rank))
+    def order(series: tuple[str, bool, str]) -> tuple[int, str]:
+        method, joint, base = series
+        return (len(rank) if joint else rank.get(method, len(rank)), base)
 
-    for (method, joint), points in sorted(by_series.items(), key=lambda kv: order(kv[0])):
+    for (method, joint, base), points in sorted(by_series.items(), key=lambda kv: order(kv[0])):
         marker, line = STYLE.get(method, (".", False))
         line = line and not joint
+        face = {"markerfacecolor": "none"} if base else {}  # another baseline: hollow markers
         label = f"{method} (joint)" if joint else method
-        if label == "random":
-            groups = random_groups([r for r in rows if split in r["bleu"]])
+        if method == "random" and not joint:
+            same_base = [r for r in rows if split in r["bleu"] and r.get("baseline", "") == base]
+            groups = random_groups(same_base)
+            label = "random (mean ± sd)" + (f", {base}" if base else "")
             xs = list(groups)
             stats = [mean_sd([r["bleu"][split] for r in g]) for g in groups.values()]
             ax.errorbar(
                 xs, [m for m, _ in stats], yerr=[sd or 0.0 for _, sd in stats],
-                marker=marker, capsize=3, label="random (mean ± sd)",
+                marker=marker, capsize=3, label=label, **face,
                 linestyle="-" if line and len(xs) > 1 else "none",
             )  # fmt: skip
             continue
         points.sort()
+        label += f", {base}" if base else ""
         ax.plot(
             [x for x, _ in points], [y for _, y in points], marker=marker,
-            linestyle="-" if line and len(points) > 1 else "none", label=label,
+            linestyle="-" if line and len(points) > 1 else "none", label=label, **face,
         )  # fmt: skip
     ax.xaxis.set_major_locator(MaxNLocator(integer=True))
     ax.set_xlabel("encoder heads kept")

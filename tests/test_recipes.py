@@ -457,8 +457,10 @@ def test_report_plots_joint_runs_apart_from_encoder_only_ones(tmp_path, monkeypa
          "bleu": {"test_2016_flickr": 33.0}},
         {"name": "masked", "method": "masked", "bleu": {"test_2016_flickr": 17.0},
          "heads": {"enc-self": [4, 48], "dec-self": [11, 24], "dec-enc": [10, 24]}},
+        {"name": "first-enc", "method": "voita", "heads": {**full, "enc-self": [10, 48]},
+         "gated": ["enc-self"], "bleu": {"test_2016_flickr": 32.5}, "baseline": "first"},
     ]  # fmt: skip
-    assert [report.is_joint(r) for r in rows] == [False, True, True]
+    assert [report.is_joint(r) for r in rows] == [False, True, True, False]
     from matplotlib.figure import Figure
 
     legends = []
@@ -470,7 +472,8 @@ def test_report_plots_joint_runs_apart_from_encoder_only_ones(tmp_path, monkeypa
 
     monkeypatch.setattr(Figure, "savefig", savefig)
     report.plot(rows, "test_2016_flickr", tmp_path / "plot.png")
-    assert len(legends) == 1 and sorted(legends[0]) == ["masked (joint)", "voita", "voita (joint)"]
+    assert len(legends) == 1
+    assert sorted(legends[0]) == ["masked (joint)", "voita", "voita (joint)", "voita, first"]
     assert (tmp_path / "plot.png").stat().st_size > 0
 
 
