@@ -22,6 +22,7 @@ for d in "$W"/baseline*/; do  # baseline (post-norm), baseline-prenorm (tenth se
 done
 for d in "$W"/eval/*/; do  # hypotheses too (seventeenth session on): the paired bootstrap
   # tests and length buckets need them, and a new machine loses the run folder
+  [[ $(basename "$d") == first-* ]] && continue  # run.sh's copies of this folder's eval/
   o="$OUT/eval/$(basename "$d")"; mkdir -p "$o"; cp "$d"/*.json "$d"/*.hyp "$o"/
 done
 if [[ -s $W/scores-baseline/heads.json ]]; then
