@@ -41,7 +41,9 @@ for split in "${SPLITS[@]}"; do
     else
       url="https://raw.githubusercontent.com/multi30k/dataset/master/data/task1/raw/$split.$lang.gz"
       log "downloading $url"
-      curl -fsSL "$url" | gunzip -c | take "$n" > "$out.tmp"
+      # offline, a connection can hang instead of failing: give up after 20 s and say why
+      curl -fsSL --connect-timeout 20 "$url" | gunzip -c | take "$n" > "$out.tmp" ||
+        die "could not download $url; give a local copy of Multi30k with RAW_DIR=<folder>"
     fi
     mv "$out.tmp" "$out"
   done
