@@ -18,8 +18,9 @@ Subcommands (each writes JSON that ``fairseq-headprune export --mask`` reads):
   masked through the scorer's fixed gates (no retraining between steps, as in the paper).
   The steps (heads removed, mean validation NLL) go to ``MASK`` next to the mask, under
   ``"steps"``.
-- ``record --eval-dir DIR --method M --checkpoint CKPT --kept HEADS_JSON [--seed S]``: write
-  ``DIR/model.json``, which ``recipes/report.py`` reads.
+- ``record --eval-dir DIR --method M --checkpoint CKPT --kept HEADS_JSON [--seed S]
+  [--setting TEXT] [--baseline NAME]``: write ``DIR/model.json``, which ``recipes/report.py``
+  reads (with the kept and total heads per attention type, counted from CKPT).
 """
 
 from __future__ import annotations
@@ -144,6 +145,15 @@ def cmd_record(args: argparse.Namespace) -> None:
     }
     if args.seed is not None:
         record["seed"] = args.seed
+    # the head totals too, so that the record still reads when the checkpoint is gone
+    layout = full_layout(args.checkpoint)
+    record["heads"] = {
+        s: [sum(map(len, rows)), layout[s][0] * layout[s][1]]
+        for s, rows in record["kept_heads"].items()
+    }
+    for key in ("setting", "baseline"):
+        if getattr(args, key):
+            record[key] = getattr(args, key)
     write_json(str(Path(args.eval_dir) / "model.json"), record)
 
 
@@ -180,6 +190,8 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--checkpoint", required=True)
     p.add_argument("--kept", required=True)
     p.add_argument("--seed", type=int)
+    p.add_argument("--setting", help="the report table's setting column (default: the seed)")
+    p.add_argument("--baseline", help="NAME of the evaluated baseline the model was made from")
     p.set_defaults(func=cmd_record)
     args = parser.parse_args(argv)
     args.func(args)

@@ -22,8 +22,13 @@ for d in "$W"/baseline*/; do  # baseline (post-norm), baseline-prenorm (tenth se
 done
 for d in "$W"/eval/*/; do  # hypotheses too (seventeenth session on): the paired bootstrap
   # tests and length buckets need them, and a new machine loses the run folder
-  [[ $(basename "$d") == first-* ]] && continue  # run.sh's copies of this folder's eval/
-  o="$OUT/eval/$(basename "$d")"; mkdir -p "$o"; cp "$d"/*.json "$d"/*.hyp "$o"/
+  o="$OUT/eval/$(basename "$d")"
+  if [[ $(basename "$d") == first-* ]]; then  # new runs on the first baseline go back to
+    # this folder's eval/; run.sh's copies of it (no hypotheses, which were lost) are skipped
+    [[ -n $(compgen -G "$d/*.hyp") ]] || continue
+    o="$HERE/eval/$(basename "$d" | sed 's/^first-//')"
+  fi
+  mkdir -p "$o"; cp "$d"/*.json "$d"/*.hyp "$o"/
 done
 if [[ -s $W/scores-baseline/heads.json ]]; then
   mkdir -p "$OUT/scores-baseline"
@@ -37,8 +42,10 @@ for d in "$W"/prune/*/; do
   for f in trajectory.txt gate_trajectory.jsonl; do [[ -f $d/$f ]] && cp "$d/$f" "$o/"; done
 done
 for d in "$W"/controls/*/; do
-  o="$OUT/controls/$(basename "$d")"; mkdir -p "$o"
-  for f in mask.json mask.json.steps.json pruned.pt.heads.json; do
+  o="$OUT/controls/$(basename "$d")"
+  [[ $(basename "$d") == first-* ]] && o="$HERE/controls/$(basename "$d" | sed 's/^first-//')"
+  mkdir -p "$o"
+  for f in mask.json mask.json.steps.json pruned.pt.heads.json kept_heads.json; do
     [[ -f $d/$f ]] && cp "$d/$f" "$o/"
   done
   [[ -f $d/train.log ]] && stamped "$d/train.log" > "$o/train.log"
