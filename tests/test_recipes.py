@@ -239,6 +239,23 @@ def test_baseline_norm_layout(quickstart_work, raw_dir, tmp_path):
     scratch = tmp_path / "controls" / "scratch-structure3" / "checkpoint_best.pt"
     scratch_args = torch.load(scratch, weights_only=False)["cfg"]["model"]
     assert not scratch_args.encoder_normalize_before and not scratch_args.decoder_normalize_before
+    # its model.json counts kept and total heads from the (gated, reduced) checkpoint: the
+    # totals are the baseline's, so the record still reads once the checkpoint is gone
+    enc = args.encoder_layers * args.encoder_attention_heads
+    dec = args.decoder_layers * args.decoder_attention_heads
+    record = json.loads((tmp_path / "eval" / "scratch-structure3" / "model.json").read_text())
+    assert record["method"] == "scratch" and "setting" not in record and "baseline" not in record
+    assert record["heads"] == {"enc-self": [3, enc], "dec-self": [dec, dec], "dec-enc": [dec, dec]}
+    # a run made from another evaluated baseline says so (run.sh's first-baseline runs)
+    subprocess.run(
+        [str(BIN / "python"), str(REPO / "recipes" / "lib" / "controls.py"), "record",
+         "--eval-dir", str(tmp_path / "eval" / "other"), "--method", "scratch",
+         "--checkpoint", str(scratch), "--kept", str(structure) + ".heads.json",
+         "--setting", "first baseline", "--baseline", "first-baseline"],
+        check=True, capture_output=True,
+    )  # fmt: skip
+    other = json.loads((tmp_path / "eval" / "other" / "model.json").read_text())
+    assert other == {**record, "setting": "first baseline", "baseline": "first-baseline"}
     proc = _recipe("train_baseline.sh", tmp_path, raw_dir, BASELINE_DIR=str(tmp_path / "x"),
                    NORM="sandwich")  # fmt: skip
     assert proc.returncode != 0 and "NORM must be post or pre, not 'sandwich'" in proc.stderr
