@@ -8,10 +8,13 @@ set -euo pipefail
 shopt -s nullglob
 HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 export PATH="$HERE/../../../.venv/bin:$PATH"
-# From the seventeenth session on, the study of the second baseline (run.sh's multi30k-conv2)
-# goes to second-baseline/; the first baseline's files stay where they are, in this folder.
+# The first baseline's files stay where they are, in this folder (and new runs made on it,
+# run.sh's first-<name>, come back here). The second baseline (seventeenth session) was lost
+# with its machine after 32 epochs; its epoch lines are in second-baseline/. From the
+# eighteenth session on, the baseline that run.sh trains in multi30k-conv2 is the third run of
+# the recipe, and its study goes to third-baseline/.
 W="${WORK_DIR:-$HOME/headprune-runs/multi30k-conv2}"
-OUT="${OUT:-$HERE/second-baseline}"
+OUT="${OUT:-$HERE/third-baseline}"
 mkdir -p "$OUT"
 stamped() { grep -E '^[0-9]{4}-[0-9]{2}-[0-9]{2} ' "$1" | grep -v 'fairseq_cli.train | {' || true; }
 

@@ -9,8 +9,8 @@
 set -euo pipefail
 cd "${SNAP:-$(dirname "${BASH_SOURCE[0]}")/../../..}"
 export PATH="$PWD/.venv/bin:$PATH" OMP_NUM_THREADS=2
-# The second baseline's run folder (seventeenth session on; the first's, multi30k-conv, was
-# lost with its machine).
+# The run folder since the seventeenth session (the first baseline's, multi30k-conv, was lost
+# with its machine; the second baseline's, this one on the seventeenth session's machine, too).
 export WORK_DIR="${WORK_DIR:-$HOME/headprune-runs/multi30k-conv2}" SRC=en TGT=de
 export SUBSETS="valid test test1 test2"
 bash recipes/prepare.sh
@@ -59,7 +59,9 @@ ctl() { BASELINE="$B" PRUNED=$P/enc-self-k$1/checkpoint_last.pt CONTROLS="$2" SE
 # 7.598 at epoch 1 in both, 6.110 against 6.109 at epoch 2), so it is a second baseline of
 # the same recipe: the steps not done yet run on it, the 10-head run again only where a
 # later step (its from-scratch control) needs its checkpoint, and the committed 10-head
-# results stay on the first. collect.sh copies this study's outputs to second-baseline/.
+# results stay on the first. That machine, too, was gone in the eighteenth session (after
+# the second baseline's epoch 32): the baseline trained here now is a third run of the
+# recipe, and collect.sh copies its study's outputs to third-baseline/.
 run_prune pruned-k4 "$P/enc-self-k4" TARGET_HEADS=4
 run_prune pruned-joint-l0.03 "$P/joint-l0.03" LAMBDA=0.03 HEAD_GATES=enc-self,dec-self,dec-enc FREEZE_DECODER=0
 ctl 4 "masked random michel lrp refit"
