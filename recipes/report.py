@@ -29,8 +29,9 @@ Which model an evaluation belongs to, first rule that applies:
    ``recipes/controls.sh`` (``recipes/lib/controls.py record``); write one by hand for any
    other model. Optional keys: ``"setting"`` (the table's column), ``"heads"``
    (``{type: [kept, total]}``) with ``"gated"`` (the gated types), used when the checkpoint is
-   not on this machine, and ``"baseline"``: the NAME of the baseline the model was made from,
-   when that is not ``eval/baseline`` (the operating points' differences are to it);
+   not on this machine (then ``"kept_heads"``, if there, lists the surviving heads), and
+   ``"baseline"``: the NAME of the baseline the model was made from, when that is not
+   ``eval/baseline`` (the operating points' differences are to it);
 2. ``--model NAME=CKPT`` on the command line;
 3. ``eval/<NAME>/checkpoint``, the path ``recipes/evaluate.sh`` records;
 4. the recipes' names (for evaluations from before that record): ``baseline`` →
@@ -139,10 +140,12 @@ def collect(work: Path, models: dict[str, str]) -> list[dict]:
             if rec.get("kept_heads") is not None and ckpt and Path(ckpt).is_file():
                 # totals (and any closed gate) from the checkpoint
                 info = checkpoint_info(Path(ckpt), rec["kept_heads"])
-                row["heads"] = info["heads"]
+                row["heads"], row["kept"] = info["heads"], info["kept"]
             elif rec.get("heads"):  # counted where the checkpoint was: {site: [kept, total]}
                 row["heads"] = {s: list(v) for s, v in rec["heads"].items()}
                 row["gated"] = rec.get("gated", [])
+                if rec.get("kept_heads"):  # which heads (the surviving-heads section)
+                    row["kept"] = rec["kept_heads"]
             elif rec.get("kept_heads") is not None:
                 row["heads"] = {s: [sum(map(len, v)), None] for s, v in rec["kept_heads"].items()}
         else:

@@ -342,6 +342,22 @@ def test_report_reads_a_record_made_where_the_checkpoint_was(tmp_path, monkeypat
     row = {r["name"]: r for r in report.collect(tmp_path, {})}["random-s1-k2"]
     assert row["heads"]["dec-self"] == [4, None] and row["setting"] == "seed 1"
     assert report.fmt_heads(row) == "2" and not report.is_joint(row)
+    # heads counted and listed where the checkpoint was: the surviving heads with their scores
+    folder = tmp_path / "eval" / "pruned-k2"
+    folder.mkdir()
+    (folder / "val.json").write_text(json.dumps({"bleu": 30.5}))
+    record = {"method": "target-heads", "checkpoint": str(tmp_path / "gone.pt"),
+              "kept_heads": {"enc-self": [[1], [0]]}, "gated": ["enc-self"],
+              "heads": {"enc-self": [2, 4], "dec-self": [4, 4], "dec-enc": [4, 4]}}  # fmt: skip
+    (folder / "model.json").write_text(json.dumps(record))
+    lrp = {(0, 0): 0.6, (0, 1): 0.4, (1, 0): 0.3, (1, 1): 0.7}
+    scores = {"heads": [{"site": "enc-self", "layer": la, "head": h, "lrp": v}
+                        for (la, h), v in lrp.items()]}  # fmt: skip
+    scores["heads"][1]["positional"] = True
+    rows = [r for r in report.collect(tmp_path, {}) if r["name"] == "pruned-k2"]
+    lines = report.heads_markdown(rows, scores)
+    # kept: 0:1 and 1:0, whose relevance is (0.4 + 0.3) / 2.0 of the layers' total
+    assert "| pruned-k2 | enc-self | 0:1 lrp 0.40 (positional), 1:0 lrp 0.30 | 0.35 |" in lines
 
 
 def test_report_tests_each_model_against_the_baseline(tmp_path, monkeypatch):
