@@ -44,6 +44,11 @@ def full_layout(baseline: str) -> dict[str, tuple[int, int]]:
     return {"enc-self": enc, "dec-self": dec, "dec-enc": dec}
 
 
+def head_totals(checkpoint: str) -> dict[str, int]:
+    """Attention type → number of heads of the full (unpruned) model."""
+    return {s: n_layers * n_heads for s, (n_layers, n_heads) in full_layout(checkpoint).items()}
+
+
 def parse_budget(spec: str) -> dict[str, int]:
     budget = {}
     for part in spec.split(","):
@@ -55,8 +60,7 @@ def parse_budget(spec: str) -> dict[str, int]:
 
 
 def cmd_budget(args: argparse.Namespace) -> None:
-    layout = full_layout(args.baseline)
-    totals = {s: n_layers * n_heads for s, (n_layers, n_heads) in layout.items()}
+    totals = head_totals(args.baseline)
     if args.spec is not None:
         spec = args.spec if ":" in args.spec else f"enc-self:{args.spec}"
         try:
@@ -146,10 +150,9 @@ def cmd_record(args: argparse.Namespace) -> None:
     if args.seed is not None:
         record["seed"] = args.seed
     # the head totals too, so that the record still reads when the checkpoint is gone
-    layout = full_layout(args.checkpoint)
+    totals = head_totals(args.checkpoint)
     record["heads"] = {
-        s: [sum(map(len, rows)), layout[s][0] * layout[s][1]]
-        for s, rows in record["kept_heads"].items()
+        s: [sum(map(len, rows)), totals[s]] for s, rows in record["kept_heads"].items()
     }
     for key in ("setting", "baseline"):
         if getattr(args, key):
