@@ -25,11 +25,11 @@ for d in "$W"/baseline*/; do  # baseline (post-norm), baseline-prenorm (tenth se
 done
 for d in "$W"/eval/*/; do  # hypotheses too (seventeenth session on): the paired bootstrap
   # tests and length buckets need them, and a new machine loses the run folder
-  o="$OUT/eval/$(basename "$d")"
-  if [[ $(basename "$d") == first-* ]]; then  # new runs on the first baseline go back to
-    # this folder's eval/; run.sh's copies of it (no hypotheses, which were lost) are skipped
+  name=$(basename "$d"); o="$OUT/eval/$name"
+  if [[ $name == first-* ]]; then  # new runs on the first baseline go back to this
+    # folder's eval/; run.sh's copies of it (no hypotheses, which were lost) are skipped
     [[ -n $(compgen -G "$d/*.hyp") ]] || continue
-    o="$HERE/eval/$(basename "$d" | sed 's/^first-//')"
+    o="$HERE/eval/${name#first-}"
   fi
   mkdir -p "$o"; cp "$d"/*.json "$d"/*.hyp "$o"/
 done
@@ -45,8 +45,8 @@ for d in "$W"/prune/*/; do
   for f in trajectory.txt gate_trajectory.jsonl; do [[ -f $d/$f ]] && cp "$d/$f" "$o/"; done
 done
 for d in "$W"/controls/*/; do
-  o="$OUT/controls/$(basename "$d")"
-  [[ $(basename "$d") == first-* ]] && o="$HERE/controls/$(basename "$d" | sed 's/^first-//')"
+  name=$(basename "$d"); o="$OUT/controls/$name"
+  [[ $name == first-* ]] && o="$HERE/controls/${name#first-}"
   mkdir -p "$o"
   for f in mask.json mask.json.steps.json pruned.pt.heads.json kept_heads.json; do
     [[ -f $d/$f ]] && cp "$d/$f" "$o/"
