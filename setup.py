@@ -25,6 +25,6 @@ setup(
         "matplotlib>=3.8",
         "numpy>=1.26",
     ],
-    extras_require={"dev": ["pytest>=8", "ruff==0.17.6"]},
+    extras_require={"dev": ["pytest>=8", "pytest-xdist>=3.5", "ruff==0.17.6"]},
     entry_points={"console_scripts": ["fairseq-headprune = fairseq_headprune.cli:main"]},
 )
