@@ -24,14 +24,18 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 from tests.helpers import TINY_ARCH, TRAIN_COMMON, USER_DIR, cli, make_corpus, preprocess  # noqa: E402
 
 
-def train(data: Path, save_dir: Path, epochs: int) -> list[str]:
-    """fairseq-train the tiny stock transformer; return epoch 3's per-update and validation loss."""
+def train_args(data: Path) -> list[str]:
+    """The tests' tiny stock transformer, dropout 0, an epoch checkpoint each epoch."""
     common = [a for a in TRAIN_COMMON if a != "--no-epoch-checkpoints"]
+    return [str(data), "--user-dir", str(USER_DIR), "--arch", "transformer", *TINY_ARCH,
+            *common, "--dropout", "0", "--log-interval", "1"]  # fmt: skip
+
+
+def train(data: Path, save_dir: Path, epochs: int) -> list[str]:
+    """fairseq-train the tiny model; return epoch 3's per-update and validation loss."""
     proc = cli(
-        "fairseq-train", data, "--user-dir", USER_DIR, "--arch", "transformer", *TINY_ARCH,
-        *common, "--save-dir", save_dir, "--max-epoch", str(epochs), "--dropout", "0",
-        "--log-interval", "1",
-    )  # fmt: skip
+        "fairseq-train", *train_args(data), "--save-dir", save_dir, "--max-epoch", str(epochs)
+    )
     out = []
     for line in (proc.stdout + proc.stderr).splitlines():
         if "epoch 003:" in line:
@@ -41,29 +45,27 @@ def train(data: Path, save_dir: Path, epochs: int) -> list[str]:
     return out
 
 
-def batches(data: Path, epoch: int) -> list[tuple[int, ...]]:
-    """The batches (sentence ids) fairseq builds when a process starts at `epoch`."""
+def batches(data: Path, *epochs: int) -> list[list[tuple[int, ...]]]:
+    """The batches (sentence ids) fairseq-train builds when a process starts at each epoch."""
     from fairseq import options, tasks
 
     logging.getLogger("fairseq").setLevel(logging.WARNING)
-
-    parser = options.get_training_parser()
-    args = options.parse_args_and_arch(
-        parser, [str(data), "--arch", "transformer", "--task", "translation",
-                 "--source-lang", "src", "--target-lang", "tgt"],
-    )  # fmt: skip
+    args = options.parse_args_and_arch(options.get_training_parser(), train_args(data))
     task = tasks.setup_task(args)
     task.load_dataset("train")
-    itr = task.get_batch_iterator(
-        task.dataset("train"),
-        max_tokens=500,
-        max_positions=(1024, 1024),
-        required_batch_size_multiple=8,
-        seed=1,
-        epoch=epoch,
-        disable_iterator_cache=True,
-    )
-    return [tuple(sorted(b.tolist())) for b in itr.frozen_batches]
+    out = []
+    for epoch in epochs:
+        itr = task.get_batch_iterator(
+            task.dataset("train"),
+            max_tokens=args.max_tokens,
+            max_positions=task.max_positions(),  # the model's are the same, 1024
+            required_batch_size_multiple=args.required_batch_size_multiple,
+            seed=args.seed,
+            epoch=epoch,
+            disable_iterator_cache=True,
+        )
+        out.append([tuple(sorted(b.tolist())) for b in itr.frozen_batches])
+    return out
 
 
 def main(work: Path) -> None:
@@ -86,7 +88,7 @@ def main(work: Path) -> None:
     for x, y in zip(straight, resumed):
         print(f"{x:40s} | {y}")
 
-    first, third = batches(work / "bin", 1), batches(work / "bin", 3)
+    first, third = batches(work / "bin", 1, 3)
     shared = len(set(first) & set(third))
     print(
         f"batches built at epoch 1: {len(first)}, at epoch 3: {len(third)}, identical: {shared}; "
