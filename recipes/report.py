@@ -51,6 +51,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import statistics
 import sys
 from collections import defaultdict
@@ -344,6 +345,19 @@ def validation_curve(log: Path) -> list[tuple[int, int, float]]:
     return [per_epoch[e] for e in sorted(per_epoch)]
 
 
+def best_epoch(log: Path, curve: list[tuple[int, int, float]]) -> tuple[int, int, float]:
+    """The epoch whose checkpoint is ``checkpoint_best.pt``: the last one the log says it saved
+    there. Without such a line, the lowest printed nll, the later epoch on a tie (fairseq
+    keeps a new best when it is lower or equal; the printed nll is rounded to 3 digits)."""
+    saved = re.findall(
+        r"Saved checkpoint \S*checkpoint_best\.pt \(epoch (\d+)", log.read_text(errors="replace")
+    )
+    by_epoch = {c[0]: c for c in curve}
+    if saved and int(saved[-1]) in by_epoch:
+        return by_epoch[int(saved[-1])]
+    return min(curve, key=lambda c: (c[2], -c[0]))
+
+
 def training_markdown(rows: list[dict], last: int = 5) -> list[str]:
     """How far the models trained from scratch (the baseline, the scratch controls) got:
     the validation nll of their last epochs, read from ``train.log`` next to the checkpoint.
@@ -356,7 +370,7 @@ def training_markdown(rows: list[dict], last: int = 5) -> list[str]:
         curve = validation_curve(log) if log.is_file() else []
         if not curve:
             continue
-        best = min(curve, key=lambda c: c[2])
+        best = best_epoch(log, curve)
         tail = curve[-last:]
         lines.append(
             f"| {r['name']} | {curve[-1][0]} | {curve[-1][1]} | {best[2]:.3f} (epoch {best[0]}) "

@@ -537,3 +537,13 @@ def test_report_shows_how_far_training_got(tiny_data, tmp_path, monkeypatch):
     assert cells[2:4] == ["4", str(curve[-1][1])] and len(lines) == 9
     assert cells[5].split() == [f"{c[2]:.3f}" for c in curve[-3:]]
     assert cells[6] == f"{curve[-1][2] - curve[-3][2]:+.3f}"
+    best = torch.load(save / "checkpoint_best.pt", weights_only=False)
+    updates = best["optimizer_history"][-1]["num_updates"]
+    epoch = next(c[0] for c in curve if c[1] == updates)
+    assert cells[4] == f"{best['extra_state']['best']:.3f} (epoch {epoch})"
+    # without the checkpoint lines: the lowest printed nll, the later epoch on a tie
+    log = tmp_path / "valid-only.log"
+    text = (save / "train.log").read_text().splitlines()
+    log.write_text("\n".join(ln for ln in text if "Saved checkpoint" not in ln))
+    ties = [(1, 10, 2.5), (2, 20, 2.25), (3, 30, 2.25), (4, 40, 2.375)]
+    assert report.best_epoch(log, ties) == (3, 30, 2.25)
