@@ -18,10 +18,11 @@ relevance the scorer found, and Spearman's ρ between a head's LRP relevance / c
 positional fraction and the update at which its gate closed (from
 ``gate_trajectory.jsonl``). For the models trained from scratch (the baseline and the
 ``scratch`` controls), the validation nll of their last epochs from the ``train.log`` next
-to the checkpoint: whether they converged. And whether each difference to the baseline
-(``--paired-against``) on ``--plot-split`` is more than chance: sacreBLEU's paired bootstrap
-resampling test (Koehn 2004; 1,000 resamples, sacreBLEU's fixed seed), p-value and 95 %
-confidence interval per model, also written to ``paired_bootstrap.json``.
+to the checkpoint (or model.json's ``train_log``): whether they converged. And whether each
+difference to the baseline (``--paired-against``) on ``--plot-split`` is more than chance:
+sacreBLEU's paired bootstrap resampling test (Koehn 2004; 1,000 resamples, sacreBLEU's fixed
+seed), p-value and 95 % confidence interval per model, also written to
+``paired_bootstrap.json``.
 
 Which model an evaluation belongs to, first rule that applies:
 
@@ -31,7 +32,10 @@ Which model an evaluation belongs to, first rule that applies:
    (``{type: [kept, total]}``) with ``"gated"`` (the gated types), used when the checkpoint is
    not on this machine (then ``"kept_heads"``, if there, lists the surviving heads), and
    ``"baseline"``: the NAME of the baseline the model was made from, when that is not
-   ``eval/baseline`` (the operating points' differences are to it);
+   ``eval/baseline`` (the operating points' differences are to it); ``"train_log"``: the
+   run's fairseq-train log (its epoch lines are enough) or, for a run resumed across
+   sessions, its logs in order, relative to ``eval/<NAME>/``, read when no ``train.log`` is
+   next to the checkpoint;
 2. ``--model NAME=CKPT`` on the command line;
 3. ``eval/<NAME>/checkpoint``, the path ``recipes/evaluate.sh`` records;
 4. the recipes' names (for evaluations from before that record): ``baseline`` →
@@ -137,6 +141,11 @@ def collect(work: Path, models: dict[str, str]) -> list[dict]:
             row["setting"] = rec.get("setting") or (f"seed {rec['seed']}" if "seed" in rec else "")
             if rec.get("baseline"):
                 row["baseline"] = rec["baseline"]
+            if rec.get("train_log"):  # relative to this folder; a list: a resumed run's logs
+                logs = rec["train_log"]
+                row["train_log"] = [
+                    str(folder / f) for f in ([logs] if isinstance(logs, str) else logs)
+                ]
             ckpt = rec.get("checkpoint")
             if rec.get("kept_heads") is not None and ckpt and Path(ckpt).is_file():
                 # totals (and any closed gate) from the checkpoint
@@ -328,11 +337,18 @@ def operating_points(rows: list[dict], splits: list[str]) -> list[str]:
     return lines
 
 
-def validation_curve(log: Path) -> list[tuple[int, int, float]]:
+def read_logs(logs: Path | list[Path]) -> str:
+    """One run's log text: a file, or the files a run resumed across sessions left, in order."""
+    return "\n".join(
+        f.read_text(errors="replace") for f in ([logs] if isinstance(logs, Path) else logs)
+    )
+
+
+def validation_curve(log: Path | list[Path]) -> list[tuple[int, int, float]]:
     """(epoch, updates, valid nll) per epoch from a fairseq-train log (``--log-format
     simple``); a resumed run's log repeats epochs: the last line of an epoch counts."""
     per_epoch: dict[int, tuple[int, int, float]] = {}
-    for line in log.read_text(errors="replace").splitlines():
+    for line in read_logs(log).splitlines():
         if "| valid on 'valid' subset |" not in line:
             continue
         fields = dict(f.split(" ", 1) for f in line.split("| ")[1:] if " " in f.strip())
@@ -345,13 +361,13 @@ def validation_curve(log: Path) -> list[tuple[int, int, float]]:
     return [per_epoch[e] for e in sorted(per_epoch)]
 
 
-def best_epoch(log: Path, curve: list[tuple[int, int, float]]) -> tuple[int, int, float]:
+def best_epoch(
+    log: Path | list[Path], curve: list[tuple[int, int, float]]
+) -> tuple[int, int, float]:
     """The epoch whose checkpoint is ``checkpoint_best.pt``: the last one the log says it saved
     there. Without such a line, the lowest printed nll, the later epoch on a tie (fairseq
     keeps a new best when it is lower or equal; the printed nll is rounded to 3 digits)."""
-    saved = re.findall(
-        r"Saved checkpoint \S*checkpoint_best\.pt \(epoch (\d+)", log.read_text(errors="replace")
-    )
+    saved = re.findall(r"Saved checkpoint \S*checkpoint_best\.pt \(epoch (\d+)", read_logs(log))
     by_epoch = {c[0]: c for c in curve}
     if saved and int(saved[-1]) in by_epoch:
         return by_epoch[int(saved[-1])]
@@ -360,17 +376,20 @@ def best_epoch(log: Path, curve: list[tuple[int, int, float]]) -> tuple[int, int
 
 def training_markdown(rows: list[dict], last: int = 5) -> list[str]:
     """How far the models trained from scratch (the baseline, the scratch controls) got:
-    the validation nll of their last epochs, read from ``train.log`` next to the checkpoint.
-    A curve still falling at the end means the model is not converged."""
+    the validation nll of their last epochs, read from ``train.log`` next to the checkpoint
+    or, where that is not on this machine, from model.json's ``train_log``. A curve still
+    falling at the end means the model is not converged."""
     lines = []
     for r in rows:
-        if r["method"] not in ("baseline", "scratch") or not r.get("checkpoint"):
+        if r["method"] not in ("baseline", "scratch"):
             continue
-        log = Path(r["checkpoint"]).parent / "train.log"
-        curve = validation_curve(log) if log.is_file() else []
+        log = Path(r["checkpoint"]).parent / "train.log" if r.get("checkpoint") else None
+        # the run folder gone: the committed logs, all of them or none
+        logs = [log] if log and log.is_file() else [Path(f) for f in r.get("train_log", [])]
+        curve = validation_curve(logs) if logs and all(f.is_file() for f in logs) else []
         if not curve:
             continue
-        best = best_epoch(log, curve)
+        best = best_epoch(logs, curve)
         tail = curve[-last:]
         lines.append(
             f"| {r['name']} | {curve[-1][0]} | {curve[-1][1]} | {best[2]:.3f} (epoch {best[0]}) "

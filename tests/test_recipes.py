@@ -2,6 +2,7 @@
 
 import json
 import os
+import re
 import subprocess
 from pathlib import Path
 
@@ -547,3 +548,29 @@ def test_report_shows_how_far_training_got(tiny_data, tmp_path, monkeypatch):
     log.write_text("\n".join(ln for ln in text if "Saved checkpoint" not in ln))
     ties = [(1, 10, 2.5), (2, 20, 2.25), (3, 30, 2.25), (4, 40, 2.375)]
     assert report.best_epoch(log, ties) == (3, 30, 2.25)
+    # the run folder gone: the epoch lines collect.sh commits, named by the model.json
+    work = tmp_path / "work"
+    (work / "eval" / "first-baseline").mkdir(parents=True)
+    (work / "eval" / "first-baseline" / "val.json").write_text('{"bleu": 30.0}')
+    epochs = [ln for ln in text if re.search(r"Loaded checkpoint|\| (valid|train) \| epoch", ln)]
+    (work / "baseline-epochs.log").write_text("\n".join(epochs) + "\n")
+    record = {"method": "baseline", "checkpoint": str(tmp_path / "gone" / "checkpoint_best.pt")}
+    record["train_log"] = "../../baseline-epochs.log"
+    (work / "eval" / "first-baseline" / "model.json").write_text(json.dumps(record))
+    # a run resumed across sessions: its logs in order (the second from the resume on)
+    resumed = next(i for i, ln in enumerate(epochs) if "Loaded checkpoint" in ln)
+    (work / "eval" / "first-scratch").mkdir()
+    (work / "eval" / "first-scratch" / "val.json").write_text('{"bleu": 30.0}')
+    for i, part in enumerate((epochs[:resumed], epochs[resumed:])):
+        (work / f"part{i}.log").write_text("\n".join(part) + "\n")
+    record = dict(record, method="scratch", train_log=["../../part0.log", "../../part1.log"])
+    (work / "eval" / "first-scratch" / "model.json").write_text(json.dumps(record))
+    committed = report.training_markdown(report.collect(work, {}), last=3)
+    for name in ("first-baseline", "first-scratch"):
+        row = [line for line in committed if line.startswith(f"| {name} |")]
+        assert row and row[0].split("|")[2:] == table[0].split("|")[2:]
+    (work / "part0.log").unlink()  # a partial curve is not shown
+    committed = report.training_markdown(report.collect(work, {}), last=3)
+    assert [ln.split("|")[1].strip() for ln in committed if ln.startswith("| first")] == [
+        "first-baseline"
+    ]
