@@ -14,22 +14,10 @@ export PATH="$PWD/.venv/bin:$PATH" OMP_NUM_THREADS=2
 export WORK_DIR="${WORK_DIR:-$HOME/headprune-runs/multi30k-conv2}" SRC=en TGT=de
 export SUBSETS="valid test test1 test2"
 bash recipes/prepare.sh
-# The from-scratch control of the first baseline's 10-head run (eighteenth session, the third
-# machine, again without a run folder). Its structure is committed (the masked control's
-# kept heads), so it needs no baseline checkpoint: the baseline recipe (train_baseline.sh, the
-# first baseline's settings and seed, its 55 epochs), as controls.sh's scratch control runs
-# it, with the 10 heads only; evaluated beside the first study as first-<name>.
-first=results/multi30k-en-de/cpu-recipe
-name=scratch-enc-self-k10-checkpoint_last
-run=$WORK_DIR/controls/first-$name
-mkdir -p "$run"
-cp "$first/controls/masked-enc-self-k10-checkpoint_last/pruned.pt.heads.json" "$run/kept_heads.json"
-BASELINE_DIR=$run MAX_EPOCH=55 ARCH=gated_transformer \
-  ARCH_ARGS="--kept-heads $run/kept_heads.json --head-gates none" bash recipes/train_baseline.sh
-python recipes/lib/controls.py record --eval-dir "$WORK_DIR/eval/first-$name" --method scratch \
-  --checkpoint "$run/checkpoint_best.pt" --kept "$run/kept_heads.json" \
-  --setting "first baseline" --baseline first-baseline
-bash recipes/evaluate.sh "first-$name" "$run/checkpoint_best.pt"
+# The from-scratch control of the first baseline's 10-head run (sessions 18-22; its structure
+# is committed, so it needed no baseline checkpoint) is finished and committed
+# (controls/scratch-enc-self-k10-checkpoint_last/, eval/ here; the commands in
+# docs/results.md, section "A third machine"); a new machine does not train it again.
 # The pre-norm baseline (NORM=pre, the recipe's default since the eleventh session; the
 # post-norm run in $WORK_DIR/baseline stalled, docs/results.md). Trained until its validation
 # BLEU (every fifth epoch) rises by less than 0.3 over five epochs twice in a row; then
