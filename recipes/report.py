@@ -19,7 +19,8 @@ positional fraction and the update at which its gate closed (from
 ``gate_trajectory.jsonl``). For the models trained from scratch (the baseline and the
 ``scratch`` controls), the validation nll of their last epochs from the ``train.log`` next
 to the checkpoint (or model.json's ``train_log``): whether they converged. And whether each
-difference to the baseline (``--paired-against``) on ``--plot-split`` is more than chance:
+difference to the baseline it was made from (model.json's ``"baseline"``, else
+``--paired-against``) on ``--plot-split`` is more than chance:
 sacreBLEU's paired bootstrap resampling test (Koehn 2004; 1,000 resamples, sacreBLEU's fixed
 seed), p-value and 95 % confidence interval per model, also written to
 ``paired_bootstrap.json``.
@@ -563,9 +564,11 @@ def length_markdown(result: dict, rows: list[dict]) -> list[str]:
 def paired_bootstrap(
     work: Path, rows: list[dict], split: str, against: str, tgt: str, samples: int = 1000
 ) -> dict:
-    """sacreBLEU's paired bootstrap test of every row with hypotheses on ``split`` against
-    the row named ``against``: {"split", "against", "samples", "models": {name: {"bleu",
-    "mean", "ci", "p"}}} (``p`` None for the reference itself); {} without its hypotheses."""
+    """sacreBLEU's paired bootstrap test of every row with hypotheses on ``split`` against the
+    baseline it was made from: model.json's ``"baseline"``, else the row named ``against``.
+    {"split", "against", "samples", "models": {name: {"bleu", "mean", "ci", "p", "against"}},
+    "untested": {name: baseline}} (``p`` and ``against`` None for a reference itself;
+    ``untested``: rows whose baseline has no hypotheses); {} when nothing was tested."""
     import logging
 
     from sacrebleu.metrics import BLEU
@@ -576,46 +579,69 @@ def paired_bootstrap(
     if not ref_file.is_file():
         return {}
     refs = ref_file.read_text(encoding="utf-8").splitlines()
-    systems = []
-    for name in [against] + sorted(r["name"] for r in rows if r["name"] != against):
-        hyps = hypotheses(work, name, split, len(refs))
-        if hyps is not None:
-            systems.append((name, hyps))
-    if len(systems) < 2 or systems[0][0] != against:  # nothing to test, or no reference
+    groups: dict[str, list[str]] = defaultdict(list)  # baseline -> the rows made from it
+    for r in sorted(rows, key=lambda r: r["name"]):
+        base = r.get("baseline") or against
+        if r["name"] != base:
+            groups[base].append(r["name"])
+    models: dict[str, dict] = {}
+    untested: dict[str, str] = {}
+    for base in sorted(groups, key=lambda b: (b != against, b)):
+        reference = hypotheses(work, base, split, len(refs))
+        hyps = {n: hypotheses(work, n, split, len(refs)) for n in groups[base]}
+        systems = [(n, h) for n, h in hyps.items() if h is not None]
+        if reference is None:
+            untested.update((n, base) for n, _ in systems)
+            continue
+        if not systems:
+            continue
+        _, results = PairedTest(
+            [(base, reference)] + systems, {"BLEU": BLEU()}, [refs], test_type="bs",
+            n_samples=samples,
+        )()  # fmt: skip
+        for name, r in zip(results["System"], results["BLEU"]):
+            models.setdefault(name, {
+                "bleu": round(r.score, 2), "mean": round(r.mean, 2), "ci": round(r.ci, 2),
+                "p": None if r.p_value is None else round(r.p_value, 4),
+                "against": None if name == base else base,
+            })  # fmt: skip
+    if not any(m["against"] for m in models.values()):
         return {}
-    _, results = PairedTest(systems, {"BLEU": BLEU()}, [refs], test_type="bs", n_samples=samples)()
-    models = {
-        name: {"bleu": round(r.score, 2), "mean": round(r.mean, 2), "ci": round(r.ci, 2),
-               "p": None if r.p_value is None else round(r.p_value, 4)}
-        for name, r in zip(results["System"], results["BLEU"])
+    return {
+        "split": split, "against": against, "samples": samples, "models": models,
+        "untested": untested,
     }  # fmt: skip
-    return {"split": split, "against": against, "samples": samples, "models": models}
 
 
 def paired_markdown(result: dict, rows: list[dict]) -> list[str]:
     if not result.get("models"):
         return []
     method = {r["name"]: r["method"] for r in rows}
-    against = result["against"]
-    base = result["models"][against]["bleu"]
+    models = result["models"]
     lines = [
         "",
-        f"## Paired bootstrap against {against} ({result['split']})",
+        f"## Paired bootstrap against the baseline ({result['split']})",
         "",
         f"sacreBLEU's paired bootstrap resampling ({result['samples']} resamples of the test "
-        f"sentences): the mean BLEU ± its 95 % confidence interval, and the p-value of the "
-        f"difference to {against} (* below 0.05: unlikely to be chance).",
+        f"sentences) of each model against the baseline it was made from: the mean BLEU ± its "
+        f"95 % confidence interval, and the p-value of the difference (* below 0.05: unlikely "
+        f"to be chance).",
         "",
-        "| model | method | BLEU | difference | mean ± 95 % CI | p |",
-        "|---|---|---:|---:|---:|---:|",
+        "| model | method | against | BLEU | difference | mean ± 95 % CI | p |",
+        "|---|---|---|---:|---:|---:|---:|",
     ]
-    for name, m in result["models"].items():
-        diff = "" if m["p"] is None else f"{m['bleu'] - base:+.2f}"
+    for name, m in models.items():
+        base = m["against"]
+        diff = "" if base is None else f"{m['bleu'] - models[base]['bleu']:+.2f}"
         p = "–" if m["p"] is None else f"{m['p']:.3f}" + (" *" if m["p"] < 0.05 else "")
         lines.append(
-            f"| {name} | {method.get(name, '?')} | {m['bleu']:.2f} | {diff} | "
+            f"| {name} | {method.get(name, '?')} | {base or '–'} | {m['bleu']:.2f} | {diff} | "
             f"{m['mean']:.2f} ± {m['ci']:.2f} | {p} |"
         )
+    untested = result.get("untested") or {}
+    if untested:
+        lines += ["", "Not tested, as the baseline they were made from has no hypotheses here: "
+                  + ", ".join(f"{n} ({b})" for n, b in sorted(untested.items())) + "."]  # fmt: skip
     return lines
 
 
@@ -697,7 +723,8 @@ def main(argv: list[str] | None = None) -> None:
     )
     p.add_argument("--paired-against", default="baseline", metavar="NAME",
                    help="the evaluation (eval/NAME) each model is tested against with "
-                   "sacreBLEU's paired bootstrap on --plot-split")  # fmt: skip
+                   "sacreBLEU's paired bootstrap on --plot-split, unless its model.json "
+                   "names the baseline it was made from")  # fmt: skip
     p.add_argument("--src", default=os.environ.get("SRC", "en"))
     p.add_argument("--tgt", default=os.environ.get("TGT", "de"))
     args = p.parse_args(argv)

@@ -3,6 +3,7 @@
 import json
 import os
 import re
+import shutil
 import subprocess
 from pathlib import Path
 
@@ -393,7 +394,33 @@ def test_report_tests_each_model_against_the_baseline(tmp_path, monkeypatch):
     section = (tmp_path / "report" / "report.md").read_text().split("## Paired bootstrap")[1]
     assert any(line.startswith("| perfect |") and line.endswith(" * |")
                for line in section.splitlines())  # fmt: skip
+    # models made from another baseline (model.json "baseline") are tested against it, or
+    # left untested when it has no hypotheses here
+    for name, base, hyps in (("first-near", "first", near), ("first", None, refs),
+                             ("lost", "gone", refs)):  # fmt: skip
+        folder = tmp_path / "eval" / name
+        folder.mkdir(parents=True)
+        (folder / "test_2016_flickr.hyp").write_text("\n".join(hyps) + "\n")
+        bleu = round(BLEU().corpus_score(hyps, [refs]).score, 2)
+        (folder / "test_2016_flickr.json").write_text(json.dumps({"bleu": bleu}))
+        record = {"method": "scratch"} | ({"baseline": base} if base else {})
+        (folder / "model.json").write_text(json.dumps(record))
+    report.main(["--work-dir", str(tmp_path), "--tgt", "de"])
+    out = json.loads((tmp_path / "report" / "paired_bootstrap.json").read_text())
+    models = out["models"]
+    assert models["near"]["against"] == "baseline" and models["near"]["p"] > 0.05
+    assert models["first-near"]["against"] == "first"  # not the baseline it is near to
+    assert models["first-near"]["bleu"] < models["first"]["bleu"] == 100.0
+    assert models["first-near"]["p"] < 0.05
+    assert out["untested"] == {"lost": "gone"} and "lost" not in models
+    section = (tmp_path / "report" / "report.md").read_text().split("## Paired bootstrap")[1]
+    row = next(line for line in section.splitlines() if line.startswith("| first-near |"))
+    diff = models["first-near"]["bleu"] - 100.0
+    assert f"| first | {models['first-near']['bleu']:.2f} | {diff:+.2f} |" in row
+    assert "lost (gone)" in section
     # a reference without hypotheses: no test, no section
+    for name in ("first-near", "first", "lost"):
+        shutil.rmtree(tmp_path / "eval" / name)
     report.main(["--work-dir", str(tmp_path), "--tgt", "de", "--paired-against", "gone"])
     assert "## Paired bootstrap" not in (tmp_path / "report" / "report.md").read_text()
     assert not (tmp_path / "report" / "paired_bootstrap.json").exists()
