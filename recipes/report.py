@@ -482,8 +482,10 @@ def heads_markdown(rows: list[dict], scores: dict | None) -> list[str]:
             "## When the gates closed",
             "",
             "Spearman's ρ between a head's score before pruning and the update at which its gate",
-            "closed (heads open at the end tie last; > 0: higher score, later closing), over all",
-            "gated heads and, as range, within each layer (free of layer-wide trends).",
+            "closed (heads that closed between the same two snapshots ordered by their P(open) in",
+            "the snapshot before, the lower the earlier; heads open at the end tie last; > 0:",
+            "higher score, later closing), over all gated heads and, as range, within each layer",
+            "(free of layer-wide trends).",
             "",
             "| model | snapshots | "
             + " | ".join(f"ρ({m}) | within layers" for m in gate_trajectory.CLOSING_METRICS)

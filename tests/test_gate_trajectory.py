@@ -134,3 +134,28 @@ def test_closing_correlation_counts_open_heads_as_closing_last():
                                           "enc-self 1": pytest.approx(1.0)}  # fmt: skip
     assert out["confidence"]["rho_by_layer"]["enc-self 1"] == pytest.approx(-1.0)
     assert out["confidence"]["rho"] == pytest.approx(-expected)
+
+
+def test_heads_closing_in_one_burst_are_ordered_by_their_last_p_open(tmp_path):
+    """Gates closing between the same two snapshots: the lower P(open) before, the earlier."""
+    # update: P(open) of heads 0-3, then their deterministic gates
+    records = [
+        (0, [0.9, 0.9, 0.9, 0.9], [1.0, 1.0, 1.0, 1.0]),
+        (5, [0.2, 0.6, 0.4, 0.9], [0.5, 0.8, 0.7, 1.0]),
+        (10, [0.01, 0.02, 0.01, 0.95], [0.0, 0.0, 0.0, 1.0]),
+    ]
+    with open(tmp_path / "gate_trajectory.jsonl", "w") as f:
+        for updates, prob, gate in records:
+            site = {"prob_open": [prob], "gate": [gate], "open": sum(g > 0 for g in gate)}
+            f.write(json.dumps({"num_updates": updates, "sites": {"enc-self": site}}) + "\n")
+    result = gate_trajectory.trajectory(tmp_path)
+    cells = result["closed"]["enc-self"][0]
+    assert [c["closed_at"] for c in cells[:3]] == [10, 10, 10] and cells[3] is None
+    assert [c["prob_before"] for c in cells[:3]] == [0.2, 0.6, 0.4]
+    # closing order: head 0, head 2, head 1, then head 3 (open); the scores follow it exactly
+    heads = [{"site": "enc-self", "layer": 0, "head": h, "lrp": v}
+             for h, v in enumerate([0.1, 0.3, 0.2, 0.4])]  # fmt: skip
+    out = gate_trajectory.closing_correlations(result, {"heads": heads}, ["lrp"])
+    assert out["lrp"]["rho"] == pytest.approx(1.0)
+    # by the closing update alone, heads 0-2 would tie: ranks 2, 2, 2, 4
+    assert gate_trajectory.spearman([0.1, 0.3, 0.2, 0.4], [10, 10, 10, 11]) < 0.8

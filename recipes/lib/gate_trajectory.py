@@ -24,7 +24,8 @@ With ``--scores heads.json`` (``fairseq-headprune score`` of the model before pr
 also prints Spearman's rank correlation between each head's score (``--metrics``, default
 LRP relevance, confidence and the positional fraction) and the update at which its gate
 closed: Voita et al. find that the heads pruned last are the most relevant and confident
-ones, and the specialised (positional, syntactic) ones.
+ones, and the specialised (positional, syntactic) ones. Heads that closed between the same
+two snapshots are ordered by their P(open) in the snapshot before (the lower, the earlier).
 """
 
 from __future__ import annotations
@@ -38,6 +39,8 @@ from fairseq_headprune.l0_criterion import TRAJECTORY_FILE
 
 # heads.json fields correlated with the closing update by default (``--metrics``, report.py)
 CLOSING_METRICS = ("lrp", "confidence", "positional_fraction")
+# what Spearman's ρ ranks: scores, and closing orders (update, P(open) before closing)
+Rankable = float | tuple[float, ...]
 
 
 def num_updates(state: dict) -> int:
@@ -117,9 +120,12 @@ def trajectory(run: Path) -> dict:
                 if i == len(series):
                     row.append(None)  # open at the end
                 else:
-                    row.append(
-                        {"closed_at": updates[i], "closed_after": updates[i - 1] if i else None}
-                    )
+                    before = snapshots[updates[i - 1]][1]["sites"][site] if i else {}
+                    prob = before.get("prob_open")
+                    row.append({
+                        "closed_at": updates[i], "closed_after": updates[i - 1] if i else None,
+                        "prob_before": prob[layer][head] if prob else None,
+                    })  # fmt: skip
             rows.append(row)
         closed[site] = rows
     return {
@@ -130,7 +136,7 @@ def trajectory(run: Path) -> dict:
     }
 
 
-def average_ranks(values: list[float]) -> list[float]:
+def average_ranks(values: list[Rankable]) -> list[float]:
     """Ranks 1..n, ties sharing their mean rank (as Spearman's ρ needs)."""
     order = sorted(range(len(values)), key=lambda i: values[i])
     ranks = [0.0] * len(values)
@@ -145,7 +151,7 @@ def average_ranks(values: list[float]) -> list[float]:
     return ranks
 
 
-def spearman(x: list[float], y: list[float]) -> float | None:
+def spearman(x: list[Rankable], y: list[Rankable]) -> float | None:
     """Spearman's rank correlation (Pearson's r of the average ranks); None if undefined."""
     rx, ry = average_ranks(x), average_ranks(y)
     mx, my = sum(rx) / len(rx), sum(ry) / len(ry)
@@ -155,15 +161,24 @@ def spearman(x: list[float], y: list[float]) -> float | None:
     return cov / (vx * vy) ** 0.5 if vx > 0 and vy > 0 else None
 
 
+def closing_order(cell: dict) -> tuple[float, float]:
+    """A closed gate's place in the order of closing: its closing update, then its P(open) in
+    the snapshot before (unknown: 0, the earliest of its snapshot)."""
+    prob = cell.get("prob_before")
+    return (float(cell["closed_at"]), 0.0 if prob is None else float(prob))
+
+
 def closing_correlations(result: dict, scores: dict, metrics: list[str]) -> dict:
     """Spearman's ρ between each head's score (heads.json) and the update its gate closed.
 
     Heads still open at the end count as closing after the last snapshot (tied last), so a
     positive ρ means: the higher the score, the later the gate closed (Voita et al. §6).
-    ``rho_by_layer``: the same within each layer, which a layer-wide trend (deeper layers
-    closing first, say) cannot produce.
+    Heads that closed between the same two snapshots (an exact head budget closes most of
+    them in one burst as its warm-up ends) are ordered by their P(open) in the snapshot
+    before: the lower, the further on its way to closing. ``rho_by_layer``: the same within
+    each layer, which a layer-wide trend (deeper layers closing first, say) cannot produce.
     """
-    last = result["updates"][-1] + 1
+    last = (result["updates"][-1] + 1, 1.0)
     by_key = {(h["site"], h["layer"], h["head"]): h for h in scores["heads"]}
     out = {}
     for metric in metrics:
@@ -176,7 +191,7 @@ def closing_correlations(result: dict, scores: dict, metrics: list[str]) -> dict
                     if record is None or record.get(metric) is None:
                         continue
                     lx.append(float(record[metric]))
-                    ly.append(float(last if cell is None else cell["closed_at"]))
+                    ly.append(last if cell is None else closing_order(cell))
                 xs, ys = xs + lx, ys + ly
                 by_layer[f"{site} {layer}"] = spearman(lx, ly) if len(lx) > 1 else None
         out[metric] = {
