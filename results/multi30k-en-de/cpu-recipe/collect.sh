@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
 # Copy the study's small outputs (never checkpoints) from its run folder into OUT:
-# the baselines' epoch lines, every evaluation's JSONs and hypotheses, the head scores, each
-# finished pruning run's log (timestamped lines only), gate table and gate trajectory (table and
-# the criterion's JSONL), each control's masks and log, and the report. Safe to rerun at any
-# point of run.sh.
+# the baselines' epoch lines, every evaluation's JSONs and hypotheses, the head scores (and the
+# syntactic ones on UD English EWT), each finished pruning run's log (timestamped lines only),
+# gate table and gate trajectory (table and the criterion's JSONL), each control's masks and
+# log, and the report. Safe to rerun at any point of run.sh.
 set -euo pipefail
 shopt -s nullglob
 HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
@@ -36,6 +36,11 @@ done
 if [[ -s $W/scores-baseline/heads.json ]]; then
   mkdir -p "$OUT/scores-baseline"
   cp "$W"/scores-baseline/{summary.md,heads.json,heads.csv} "$OUT/scores-baseline/"
+fi
+syntax=$W/syntax/en_ewt-ud-test/scores  # score_syntax.sh on the baseline
+if [[ -s $syntax/heads.json ]]; then
+  mkdir -p "$OUT/syntax-ud-ewt"
+  cp "$syntax"/{summary.md,heads.json,heads.csv} "$syntax"/*.png "$OUT/syntax-ud-ewt/"
 fi
 for d in "$W"/prune/*/; do
   [[ -f $d/DONE ]] || continue

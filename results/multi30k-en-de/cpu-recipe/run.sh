@@ -30,6 +30,7 @@ scores=$WORK_DIR/scores-baseline
 [[ -s $scores/heads.json ]] || fairseq-headprune score "$WORK_DIR/data-bin" --path "$B" \
   --subset valid --metrics lrp,confidence,entropy,positional,rare,importance \
   --max-sentences 2000 --out "$scores" --force
+CKPT="$B" bash recipes/score_syntax.sh  # syntactic heads on UD English EWT's gold trees
 P=$WORK_DIR/prune
 run_prune() {  # NAME DIR, then prune.sh settings
   local name=$1 dir=$2; shift 2
