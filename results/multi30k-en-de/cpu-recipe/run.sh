@@ -53,7 +53,10 @@ ctl() { BASELINE="$B" PRUNED=$P/enc-self-k$1/checkpoint_last.pt CONTROLS="$2" SE
 # recipe, and collect.sh copies its study's outputs to third-baseline/.
 run_prune pruned-k4 "$P/enc-self-k4" TARGET_HEADS=4
 run_prune pruned-joint-l0.03 "$P/joint-l0.03" LAMBDA=0.03 HEAD_GATES=enc-self,dec-self,dec-enc FREEZE_DECODER=0
-ctl 4 "masked random michel lrp refit"
+# refit before michel and lrp: the random 4 heads fine-tuned for 10 epochs beat the heads the
+# gates kept (twenty-fourth session); refit (those heads, fine-tuned the same way) tells
+# whether the gates chose worse heads or the gated run left them too little fixed training.
+ctl 4 "masked random refit michel lrp"
 ctl 4 scratch
 run_prune pruned-k10 "$P/enc-self-k10" TARGET_HEADS=10
 ctl 10 scratch
