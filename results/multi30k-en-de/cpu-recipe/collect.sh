@@ -12,9 +12,14 @@ export PATH="$HERE/../../../.venv/bin:$PATH"
 # run.sh's first-<name>, come back here). The second baseline (seventeenth session) was lost
 # with its machine after 32 epochs; its epoch lines are in second-baseline/. From the
 # eighteenth session on, the baseline that run.sh trains in multi30k-conv2 is the third run of
-# the recipe, and its study goes to third-baseline/.
-W="${WORK_DIR:-$HOME/headprune-runs/multi30k-conv2}"
-OUT="${OUT:-$HERE/third-baseline}"
+# the recipe, and its study goes to third-baseline/; from the twenty-sixth session on, the
+# fourth run's (multi30k-conv3) to fourth-baseline/.
+W="${WORK_DIR:-$HOME/headprune-runs/multi30k-conv3}"
+case $(basename "$W") in
+  multi30k-conv2) default_out=$HERE/third-baseline ;;
+  *) default_out=$HERE/fourth-baseline ;;
+esac
+OUT="${OUT:-$default_out}"
 mkdir -p "$OUT"
 stamped() { grep -E '^[0-9]{4}-[0-9]{2}-[0-9]{2} ' "$1" | grep -v 'fairseq_cli.train | {' || true; }
 

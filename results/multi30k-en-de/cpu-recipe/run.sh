@@ -9,9 +9,9 @@
 set -euo pipefail
 cd "${SNAP:-$(dirname "${BASH_SOURCE[0]}")/../../..}"
 export PATH="$PWD/.venv/bin:$PATH" OMP_NUM_THREADS=2
-# The run folder since the seventeenth session (the first baseline's, multi30k-conv, was lost
-# with its machine; the second baseline's, this one on the seventeenth session's machine, too).
-export WORK_DIR="${WORK_DIR:-$HOME/headprune-runs/multi30k-conv2}" SRC=en TGT=de
+# The run folder: multi30k-conv (first baseline) and multi30k-conv2 (second and third) were
+# lost with their machines; since the twenty-sixth session the fourth baseline's is conv3.
+export WORK_DIR="${WORK_DIR:-$HOME/headprune-runs/multi30k-conv3}" SRC=en TGT=de
 export SUBSETS="valid test test1 test2"
 bash recipes/prepare.sh
 # The from-scratch control of the first baseline's 10-head run (sessions 18-22; its structure
@@ -50,13 +50,15 @@ ctl() { BASELINE="$B" PRUNED=$P/enc-self-k$1/checkpoint_last.pt CONTROLS="$2" SE
 # later step (its from-scratch control) needs its checkpoint, and the committed 10-head
 # results stay on the first. That machine, too, was gone in the eighteenth session (after
 # the second baseline's epoch 32): the baseline trained here now is a third run of the
-# recipe, and collect.sh copies its study's outputs to third-baseline/.
+# recipe, and collect.sh copied its study's outputs to third-baseline/. The third, too, was
+# gone in the twenty-sixth session, after its 4-head run, joint run and their masked, random
+# and refit controls (committed). The baseline trained here since is the fourth run of the
+# recipe (collect.sh: fourth-baseline/). Its order puts first what the third left open at
+# 4 heads: Michel's and LRP's order against the gated run, then the random and refit
+# controls again (on the same baseline as the rest), then joint pruning.
 run_prune pruned-k4 "$P/enc-self-k4" TARGET_HEADS=4
+ctl 4 "michel lrp refit random masked"
 run_prune pruned-joint-l0.03 "$P/joint-l0.03" LAMBDA=0.03 HEAD_GATES=enc-self,dec-self,dec-enc FREEZE_DECODER=0
-# refit before michel and lrp: the random 4 heads fine-tuned for 10 epochs beat the heads the
-# gates kept (twenty-fourth session); refit (those heads, fine-tuned the same way) tells
-# whether the gates chose worse heads or the gated run left them too little fixed training.
-ctl 4 "masked random refit michel lrp"
 ctl 4 scratch
 run_prune pruned-k10 "$P/enc-self-k10" TARGET_HEADS=10
 ctl 10 scratch
