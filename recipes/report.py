@@ -16,9 +16,13 @@ pruning loses and what fine-tuning recovers. With the scores of the model before
 it), two more sections for every pruning run: its surviving heads with the roles and LRP
 relevance the scorer found, and Spearman's ρ between a head's LRP relevance / confidence /
 positional fraction and the update at which its gate closed (from
-``gate_trajectory.jsonl``). For the models trained from scratch (the baseline and the
-``scratch`` controls), the validation nll of their last epochs from the ``train.log`` next
-to the checkpoint (or model.json's ``train_log``): whether they converged. And whether each
+``gate_trajectory.jsonl``); the runs made from another baseline (model.json ``"baseline"``)
+are left out of these two, as the scores are not of their model. The sources and
+references (length buckets, paired tests) are ``WORK_DIR/raw``'s, or ``--raw-dir``'s: with
+it, a report can be made from committed evaluations alone. For the models trained from
+scratch (the baseline and the ``scratch`` controls), the validation nll of their last epochs
+from the ``train.log`` next to the checkpoint (or model.json's ``train_log``): whether they
+converged. And whether each
 difference to the baseline it was made from (model.json's ``"baseline"``, else
 ``--paired-against``) on ``--plot-split`` is more than chance:
 sacreBLEU's paired bootstrap resampling test (Koehn 2004; 1,000 resamples, sacreBLEU's fixed
@@ -36,7 +40,10 @@ Which model an evaluation belongs to, first rule that applies:
    ``eval/baseline`` (the operating points' differences are to it); ``"train_log"``: the
    run's fairseq-train log (its epoch lines are enough) or, for a run resumed across
    sessions, its logs in order, relative to ``eval/<NAME>/``, read when no ``train.log`` is
-   next to the checkpoint;
+   next to the checkpoint; ``"run_dir"``: a pruning run's folder as committed (its
+   ``gate_trajectory.jsonl``), relative to ``eval/<NAME>/``, read when the checkpoint's
+   folder is gone (without ``checkpoint_last.pt``, a gate closed after the last recorded
+   snapshot counts as open);
 2. ``--model NAME=CKPT`` on the command line;
 3. ``eval/<NAME>/checkpoint``, the path ``recipes/evaluate.sh`` records;
 4. the recipes' names (for evaluations from before that record): ``baseline`` →
@@ -147,6 +154,8 @@ def collect(work: Path, models: dict[str, str]) -> list[dict]:
                 row["train_log"] = [
                     str(folder / f) for f in ([logs] if isinstance(logs, str) else logs)
                 ]
+            if rec.get("run_dir"):  # relative to this folder
+                row["run_dir"] = str(folder / rec["run_dir"])
             ckpt = rec.get("checkpoint")
             if rec.get("kept_heads") is not None and ckpt and Path(ckpt).is_file():
                 # totals (and any closed gate) from the checkpoint
@@ -418,10 +427,17 @@ def role_tags(record: dict) -> list[str]:
     return tags + (["rare words"] if record.get("rare") else [])
 
 
-def heads_markdown(rows: list[dict], scores: dict | None) -> list[str]:
+def heads_markdown(rows: list[dict], scores: dict | None, against: str = "baseline") -> list[str]:
     """The surviving heads of every pruning run with their roles and LRP relevance in the
-    model before pruning, and when the gates closed against that relevance (Voita et al. §6)."""
-    pruned = [r for r in rows if r["method"] in PRUNING_METHODS and r.get("kept")]
+    model before pruning, and when the gates closed against that relevance (Voita et al. §6).
+    ``scores`` are those of the baseline ``against``: runs made from another baseline
+    (model.json ``"baseline"``, compared with ``against``'s own) are left out."""
+    scored = next((r.get("baseline", against) for r in rows if r["name"] == against), against)
+    pruned = [
+        r for r in rows
+        if r["method"] in PRUNING_METHODS and r.get("kept")
+        and r.get("baseline", against) == scored
+    ]  # fmt: skip
     if not pruned or scores is None:
         return []
     sys.path.insert(0, str(Path(__file__).resolve().parent / "lib"))
@@ -463,8 +479,10 @@ def heads_markdown(rows: list[dict], scores: dict | None) -> list[str]:
             lines.append(f"| {r['name']} | {site} | {', '.join(cells) or '–'} | {share_text} |")
     closing = []
     for r in pruned:
-        run = Path(r["checkpoint"]).parent
-        if not (run / gate_trajectory.TRAJECTORY_FILE).exists():
+        run = Path(r["checkpoint"]).parent if r.get("checkpoint") else None
+        if not (run and (run / gate_trajectory.TRAJECTORY_FILE).exists()) and r.get("run_dir"):
+            run = Path(r["run_dir"])  # the run folder gone: its committed files
+        if not (run and (run / gate_trajectory.TRAJECTORY_FILE).exists()):
             continue
         result = gate_trajectory.trajectory(run)
         metrics = gate_trajectory.CLOSING_METRICS
@@ -517,12 +535,20 @@ def hypotheses(work: Path, name: str, split: str, n_refs: int) -> list[str] | No
 
 
 def length_buckets(
-    work: Path, rows: list[dict], split: str, edges: tuple[int, ...], src: str, tgt: str
+    work: Path,
+    rows: list[dict],
+    split: str,
+    edges: tuple[int, ...],
+    src: str,
+    tgt: str,
+    raw: Path | None = None,
 ) -> dict:
-    """sacreBLEU per source-length bucket of every row with hypotheses on ``split``."""
+    """sacreBLEU per source-length bucket of every row with hypotheses on ``split``; sources
+    and references from ``raw`` (default ``work/raw``)."""
     from sacrebleu.metrics import BLEU
 
-    src_file, ref_file = work / "raw" / f"{split}.{src}", work / "raw" / f"{split}.{tgt}"
+    raw = work / "raw" if raw is None else raw
+    src_file, ref_file = raw / f"{split}.{src}", raw / f"{split}.{tgt}"
     if not (src_file.is_file() and ref_file.is_file()):
         return {}
     sources = src_file.read_text(encoding="utf-8").splitlines()
@@ -564,7 +590,13 @@ def length_markdown(result: dict, rows: list[dict]) -> list[str]:
 
 
 def paired_bootstrap(
-    work: Path, rows: list[dict], split: str, against: str, tgt: str, samples: int = 1000
+    work: Path,
+    rows: list[dict],
+    split: str,
+    against: str,
+    tgt: str,
+    samples: int = 1000,
+    raw: Path | None = None,
 ) -> dict:
     """sacreBLEU's paired bootstrap test of every row with hypotheses on ``split`` against the
     baseline it was made from: model.json's ``"baseline"``, else the row named ``against``.
@@ -577,7 +609,7 @@ def paired_bootstrap(
     from sacrebleu.significance import PairedTest
 
     logging.getLogger("sacrebleu").setLevel(logging.WARNING)  # a line per system and step
-    ref_file = work / "raw" / f"{split}.{tgt}"
+    ref_file = (work / "raw" if raw is None else raw) / f"{split}.{tgt}"
     if not ref_file.is_file():
         return {}
     refs = ref_file.read_text(encoding="utf-8").splitlines()
@@ -657,7 +689,7 @@ def plot(rows: list[dict], split: str, path: Path) -> None:
     import matplotlib.pyplot as plt
     from matplotlib.ticker import MaxNLocator
 
-    fig, ax = plt.subplots(figsize=(6.4, 4.4))
+    fig, ax = plt.subplots(figsize=(9.0, 4.8))
     # one series per (method, joint, baseline): joint runs prune the decoder too, and the x axis
     # counts only encoder heads, so they get their own unconnected series, listed last; models
     # made from another baseline than eval/baseline (model.json "baseline") are series apart
@@ -700,7 +732,8 @@ def plot(rows: list[dict], split: str, path: Path) -> None:
     ax.set_ylabel(f"BLEU ({split})")
     ax.grid(alpha=0.3)
     if by_series:
-        ax.legend()
+        # beside the axes: with two baselines the series are many and would hide points
+        ax.legend(loc="center left", bbox_to_anchor=(1.02, 0.5), fontsize="small")
     fig.tight_layout()
     fig.savefig(path, dpi=120)
     plt.close(fig)
@@ -727,6 +760,8 @@ def main(argv: list[str] | None = None) -> None:
                    help="the evaluation (eval/NAME) each model is tested against with "
                    "sacreBLEU's paired bootstrap on --plot-split, unless its model.json "
                    "names the baseline it was made from")  # fmt: skip
+    p.add_argument("--raw-dir", help="the splits' raw source and reference text "
+                   "(<split>.<lang>, as prepare.sh writes; default: WORK_DIR/raw)")  # fmt: skip
     p.add_argument("--src", default=os.environ.get("SRC", "en"))
     p.add_argument("--tgt", default=os.environ.get("TGT", "de"))
     args = p.parse_args(argv)
@@ -742,20 +777,23 @@ def main(argv: list[str] | None = None) -> None:
     out = Path(args.out_dir) if args.out_dir else work / "report"
     out.mkdir(parents=True, exist_ok=True)
     plot_split = args.plot_split if args.plot_split in splits else splits[0]
-    lengths = length_buckets(work, rows, plot_split, edges, args.src, args.tgt)
+    raw = Path(args.raw_dir) if args.raw_dir else work / "raw"
+    if args.raw_dir and not raw.is_dir():
+        p.error(f"--raw-dir: no folder {raw}")
+    lengths = length_buckets(work, rows, plot_split, edges, args.src, args.tgt, raw)
     if lengths:
         (out / "length_buckets.json").write_text(json.dumps(lengths, indent=1) + "\n")
     scores_file = Path(args.scores) if args.scores else work / "scores-baseline" / "heads.json"
     if args.scores and not scores_file.is_file():
         p.error(f"--scores: no file {scores_file}")
     scores = json.loads(scores_file.read_text()) if scores_file.is_file() else None
-    paired = paired_bootstrap(work, rows, plot_split, args.paired_against, args.tgt)
+    paired = paired_bootstrap(work, rows, plot_split, args.paired_against, args.tgt, raw=raw)
     paired_file = out / "paired_bootstrap.json"
     if paired:
         paired_file.write_text(json.dumps(paired, indent=1) + "\n")
     else:
         paired_file.unlink(missing_ok=True)  # not a test of these evaluations
-    heads = heads_markdown(rows, scores)
+    heads = heads_markdown(rows, scores, args.paired_against)
     write_markdown(rows, splits, out / "report.md", lengths, heads, paired)
     plot(rows, plot_split, out / "bleu_vs_heads.png")
     print(f"wrote {out / 'report.md'} and {out / 'bleu_vs_heads.png'} ({len(rows)} models)")

@@ -476,6 +476,73 @@ def test_full_study_in_one_command(quickstart_work, raw_dir):
     assert any(line.startswith("| pruned-joint-l0.05 |") for line in closing.splitlines())
 
 
+def test_report_from_committed_files(quickstart_work, tmp_path, monkeypatch):
+    """The run folder gone: a report from what collect.sh commits (evaluations, hypotheses,
+    model.json records, the gate trajectory) and the raw text elsewhere (--raw-dir) has the
+    full study's surviving heads, closing order, length buckets and paired tests; a run made
+    from another baseline is left out of the head sections (the scores are not its model's)."""
+    monkeypatch.syspath_prepend(str(REPO / "recipes"))
+    import report
+
+    work = quickstart_work  # after test_full_study_in_one_command: its report is there
+    rows = {r["name"]: r for r in report.collect(work, {})}
+    committed = tmp_path / "committed"
+    (committed / "prune" / "enc-self-k2").mkdir(parents=True)
+    shutil.copy(work / "prune" / "enc-self-k2" / "gate_trajectory.jsonl",
+                committed / "prune" / "enc-self-k2")  # fmt: skip
+    gone = str(tmp_path / "gone" / "checkpoint_last.pt")
+    for name in ("baseline", "pruned-k2", "first-pruned-k2"):
+        row = rows[name.removeprefix("first-")]
+        folder = committed / "eval" / name
+        folder.mkdir(parents=True)
+        for f in (work / "eval" / row["name"]).glob("*.*"):
+            if f.suffix in (".json", ".hyp") and f.name != "model.json":
+                shutil.copy(f, folder)
+        record = {"method": row["method"], "checkpoint": gone, "heads": row["heads"],
+                  "gated": row["gated"], "kept_heads": row["kept"]}  # fmt: skip
+        if name != "baseline":
+            record["run_dir"] = "../../prune/enc-self-k2"
+        if name.startswith("first-"):  # the same files, said to be made from another model
+            record["baseline"] = "first-baseline"
+        (folder / "model.json").write_text(json.dumps(record))
+    report.main([
+        "--work-dir", str(committed), "--raw-dir", str(work / "raw"),
+        "--scores", str(work / "scores-baseline" / "heads.json"),
+    ])  # fmt: skip
+    original = (work / "report" / "report.md").read_text()
+    text = (committed / "report" / "report.md").read_text()
+
+    def section(md: str, title: str) -> dict[str, str]:
+        body = md.split(f"## {title}")[1].split("\n## ")[0]
+        return {ln.split("|")[1].strip(): ln for ln in body.splitlines() if ln.startswith("| ")}
+
+    surviving = section(text, "The surviving heads")
+    assert surviving["pruned-k2"] == section(original, "The surviving heads")["pruned-k2"]
+    assert "first-pruned-k2" not in surviving
+    closing, closing_before = (
+        section(text, "When the gates closed"),
+        section(original, "When the gates closed"),
+    )
+    assert "first-pruned-k2" not in closing
+    # without checkpoint_last.pt the snapshots are the recorded ones; the closing order is
+    # the same (no gate closed after the last record)
+    ours, theirs = closing["pruned-k2"].split("|"), closing_before["pruned-k2"].split("|")
+    assert ours[3:] == theirs[3:] and 0 <= int(theirs[2]) - int(ours[2]) <= 1
+    for title in ("BLEU by source length", "Paired bootstrap against the baseline"):
+        assert section(text, title)["pruned-k2"] == section(original, title)["pruned-k2"]
+    # the first baseline's own report: its records name it first-baseline, as its copies do
+    for name in ("baseline", "pruned-k2"):
+        record = json.loads((committed / "eval" / name / "model.json").read_text())
+        record["baseline"] = "first-baseline"
+        (committed / "eval" / name / "model.json").write_text(json.dumps(record))
+    scores = json.loads((work / "scores-baseline" / "heads.json").read_text())
+    lines = report.heads_markdown(report.collect(committed, {}), scores)
+    assert surviving["pruned-k2"] in lines  # and now first-pruned-k2, of the same baseline
+    assert any(ln.startswith("| first-pruned-k2 |") for ln in lines)
+    with pytest.raises(SystemExit):  # a --raw-dir that is not there is an error, not no rows
+        report.main(["--work-dir", str(committed), "--raw-dir", str(tmp_path / "none")])
+
+
 def test_report_differences_are_to_each_models_own_baseline(tmp_path, monkeypatch):
     """Models made from another baseline (model.json "baseline") are compared with it."""
     monkeypatch.syspath_prepend(str(REPO / "recipes"))
