@@ -37,6 +37,27 @@ for d in "$W"/eval/*/; do  # hypotheses too (seventeenth session on): the paired
     o="$HERE/eval/${name#first-}"
   fi
   mkdir -p "$o"; cp "$d"/*.json "$d"/*.hyp "$o"/
+  # the baseline's and pruning runs' evaluations have no model.json (controls.sh writes one):
+  # record what the report reads from their checkpoint, which a new machine loses
+  ckpt=$(cat "$d/checkpoint" 2>/dev/null || true)
+  if [[ ! -f $d/model.json && -f $ckpt && $o == "$OUT"/* ]]; then
+    python - "$ckpt" "$o/model.json" "$HERE/../../../recipes" <<'PY'
+import json, sys
+from pathlib import Path
+ckpt, out = Path(sys.argv[1]), Path(sys.argv[2])
+sys.path.insert(0, sys.argv[3])
+from report import checkpoint_info
+info = checkpoint_info(ckpt)
+record = {k: info[k] for k in ("method", "setting", "heads", "gated")}
+record.update(checkpoint=str(ckpt), kept_heads=info["kept"])
+run = ckpt.parent
+if run.parent.name == "prune":  # collect.sh copies its gate trajectory to prune/<run>/
+    record["run_dir"] = f"../../prune/{run.name}"
+elif (run / "train.log").is_file():  # a baseline: its epoch lines, <folder>-train-epochs.log
+    record["train_log"] = f"../../{run.name}-train-epochs.log"
+out.write_text(json.dumps(record, indent=1) + "\n")
+PY
+  fi
 done
 if [[ -s $W/scores-baseline/heads.json ]]; then
   mkdir -p "$OUT/scores-baseline"
