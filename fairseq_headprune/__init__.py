@@ -6,6 +6,7 @@ the Heavy Lifting, the Rest Can Be Pruned" (ACL 2019) as a fairseq ``--user-dir`
 
 # Modules that register fairseq components (imported for their side effects).
 from fairseq_headprune import (
+    _quiet,  # noqa: F401  first: before anything imports fairseq
     gated_transformer,  # noqa: F401  model + arch presets
     l0_criterion,  # noqa: F401  label_smoothed_cross_entropy_l0
 )
