@@ -27,7 +27,9 @@ difference to the baseline it was made from (model.json's ``"baseline"``, else
 ``--paired-against``) on ``--plot-split`` is more than chance:
 sacreBLEU's paired bootstrap resampling test (Koehn 2004; 1,000 resamples, sacreBLEU's fixed
 seed), p-value and 95 % confidence interval per model, also written to
-``paired_bootstrap.json``.
+``paired_bootstrap.json``; and each control (masked, refit, scratch, random, michel, lrp)
+against the pruning run with the same heads kept per attention type, made from the same
+baseline (``paired_controls.json``): are the heads the gates kept better than the others?
 
 Which model an evaluation belongs to, first rule that applies:
 
@@ -236,6 +238,7 @@ def write_markdown(
     lengths: dict | None = None,
     heads: list[str] | None = None,
     paired: dict | None = None,
+    controls: dict | None = None,
 ) -> None:
     order = list(STYLE) + ["exported", "?"]
     rows = sorted(
@@ -281,6 +284,7 @@ def write_markdown(
     lines += operating_points(rows, splits)
     lines += length_markdown(lengths or {}, rows)
     lines += paired_markdown(paired or {}, rows)
+    lines += paired_controls_markdown(controls or {})
     lines += heads or []
     lines += training_markdown(rows)
     lines += ["", "Plot: `bleu_vs_heads.png`.", ""]
@@ -647,6 +651,91 @@ def paired_bootstrap(
     }  # fmt: skip
 
 
+CONTROL_METHODS = ("masked", "refit", "scratch", "random", "michel", "lrp")
+
+
+def budget_key(row: dict) -> tuple | None:
+    """The baseline a row was made from and its kept-head count per attention type."""
+    if not row.get("heads"):
+        return None
+    return row.get("baseline", ""), tuple(sorted((s, v[0]) for s, v in row["heads"].items()))
+
+
+def paired_controls(
+    work: Path,
+    rows: list[dict],
+    split: str,
+    tgt: str,
+    samples: int = 1000,
+    raw: Path | None = None,
+) -> dict:
+    """sacreBLEU's paired bootstrap of every control (``CONTROL_METHODS``) against each pruning
+    run with the same heads kept per attention type, made from the same baseline: are the
+    heads the gates kept better than heads chosen or trained another way? {"split",
+    "samples", "pairs": [{"model", "method", "against", "bleu", "against_bleu", "p"}]};
+    {} when no such pair has hypotheses on ``split``."""
+    import logging
+
+    from sacrebleu.metrics import BLEU
+    from sacrebleu.significance import PairedTest
+
+    logging.getLogger("sacrebleu").setLevel(logging.WARNING)
+    ref_file = (work / "raw" if raw is None else raw) / f"{split}.{tgt}"
+    if not ref_file.is_file():
+        return {}
+    refs = ref_file.read_text(encoding="utf-8").splitlines()
+    controls = [r for r in rows if r["method"] in CONTROL_METHODS and budget_key(r)]
+    pairs = []
+    for pruned in sorted(rows, key=lambda r: r["name"]):
+        if pruned["method"] not in PRUNING_METHODS or not budget_key(pruned):
+            continue
+        same = sorted(
+            (c for c in controls if budget_key(c) == budget_key(pruned)), key=lambda c: c["name"]
+        )
+        reference = hypotheses(work, pruned["name"], split, len(refs)) if same else None
+        systems = [(c["name"], hypotheses(work, c["name"], split, len(refs))) for c in same]
+        systems = [(n, h) for n, h in systems if h is not None]
+        if reference is None or not systems:
+            continue
+        _, results = PairedTest(
+            [(pruned["name"], reference)] + systems, {"BLEU": BLEU()}, [refs], test_type="bs",
+            n_samples=samples,
+        )()  # fmt: skip
+        scores = dict(zip(results["System"], results["BLEU"]))
+        method = {c["name"]: c["method"] for c in same}
+        for name, _ in systems:
+            pairs.append({
+                "model": name, "method": method[name], "against": pruned["name"],
+                "bleu": round(scores[name].score, 2),
+                "against_bleu": round(scores[pruned["name"]].score, 2),
+                "p": None if scores[name].p_value is None else round(scores[name].p_value, 4),
+            })  # fmt: skip
+    return {"split": split, "samples": samples, "pairs": pairs} if pairs else {}
+
+
+def paired_controls_markdown(result: dict) -> list[str]:
+    if not result.get("pairs"):
+        return []
+    lines = [
+        "",
+        f"## Controls against the pruning run ({result['split']})",
+        "",
+        "Each control against the pruning run with the same heads kept (and the same",
+        f"baseline): sacreBLEU's paired bootstrap ({result['samples']} resamples); difference:",
+        "the control's BLEU minus the pruning run's (> 0: the control is ahead; * p < 0.05).",
+        "",
+        "| model | method | against | BLEU | against's BLEU | difference | p |",
+        "|---|---|---|---:|---:|---:|---:|",
+    ]
+    for m in result["pairs"]:
+        p = "–" if m["p"] is None else f"{m['p']:.3f}" + (" *" if m["p"] < 0.05 else "")
+        lines.append(
+            f"| {m['model']} | {m['method']} | {m['against']} | {m['bleu']:.2f} | "
+            f"{m['against_bleu']:.2f} | {m['bleu'] - m['against_bleu']:+.2f} | {p} |"
+        )
+    return lines
+
+
 def paired_markdown(result: dict, rows: list[dict]) -> list[str]:
     if not result.get("models"):
         return []
@@ -793,8 +882,14 @@ def main(argv: list[str] | None = None) -> None:
         paired_file.write_text(json.dumps(paired, indent=1) + "\n")
     else:
         paired_file.unlink(missing_ok=True)  # not a test of these evaluations
+    controls = paired_controls(work, rows, plot_split, args.tgt, raw=raw)
+    controls_file = out / "paired_controls.json"
+    if controls:
+        controls_file.write_text(json.dumps(controls, indent=1) + "\n")
+    else:
+        controls_file.unlink(missing_ok=True)
     heads = heads_markdown(rows, scores, args.paired_against)
-    write_markdown(rows, splits, out / "report.md", lengths, heads, paired)
+    write_markdown(rows, splits, out / "report.md", lengths, heads, paired, controls)
     plot(rows, plot_split, out / "bleu_vs_heads.png")
     print(f"wrote {out / 'report.md'} and {out / 'bleu_vs_heads.png'} ({len(rows)} models)")
 

@@ -426,6 +426,57 @@ def test_report_tests_each_model_against_the_baseline(tmp_path, monkeypatch):
     assert not (tmp_path / "report" / "paired_bootstrap.json").exists()
 
 
+def test_report_tests_each_control_against_its_pruning_run(tmp_path, monkeypatch):
+    """Controls are tested against the pruning run with the same heads kept, made from the
+    same baseline: a perfect control is significantly ahead, one sentence better is not;
+    other head counts, other baselines and controls without hypotheses are not paired."""
+    monkeypatch.syspath_prepend(str(REPO / "recipes"))
+    import report
+
+    words = "ein hund rennt über die grüne wiese am see neben zwei kindern".split()
+    refs = [" ".join(words[i % 5 : i % 5 + 6] + [str(i)]) for i in range(60)]
+    noisy = [" ".join(r.split()[: 3 + i % 3]) for i, r in enumerate(refs)]
+    (tmp_path / "raw").mkdir()
+    (tmp_path / "raw" / "test_2016_flickr.de").write_text("\n".join(refs) + "\n")
+    full = {"enc-self": [8, 8], "dec-self": [4, 4], "dec-enc": [4, 4]}
+    two, three = {**full, "enc-self": [2, 8]}, {**full, "enc-self": [3, 8]}
+    for name, record, hyps in [
+        ("baseline", {"method": "baseline", "heads": full}, refs),
+        ("pruned-k2", {"method": "target-heads", "gated": ["enc-self"], "heads": two}, noisy),
+        ("random-s1-k2", {"method": "random", "seed": 1, "heads": two}, refs),
+        ("michel-k2", {"method": "michel", "heads": two}, [refs[0]] + noisy[1:]),
+        ("lrp-k2", {"method": "lrp", "heads": two}, None),  # not evaluated on the split
+        ("random-s1-k3", {"method": "random", "seed": 1, "heads": three}, refs),
+        ("first-random-s1-k2", {"method": "random", "heads": two, "baseline": "first"}, refs),
+    ]:
+        folder = tmp_path / "eval" / name
+        folder.mkdir(parents=True)
+        (folder / "model.json").write_text(json.dumps(record))
+        if hyps is None:
+            (folder / "val.json").write_text(json.dumps({"bleu": 1.0}))
+            continue
+        (folder / "test_2016_flickr.hyp").write_text("\n".join(hyps) + "\n")
+        bleu = round(BLEU().corpus_score(hyps, [refs]).score, 2)
+        (folder / "test_2016_flickr.json").write_text(json.dumps({"bleu": bleu}))
+    report.main(["--work-dir", str(tmp_path), "--tgt", "de"])
+    out = json.loads((tmp_path / "report" / "paired_controls.json").read_text())
+    pairs = {p["model"]: p for p in out["pairs"]}
+    assert set(pairs) == {"random-s1-k2", "michel-k2"}
+    assert {p["against"] for p in pairs.values()} == {"pruned-k2"}
+    noisy_bleu = round(BLEU().corpus_score(noisy, [refs]).score, 2)
+    assert pairs["random-s1-k2"]["against_bleu"] == noisy_bleu
+    assert pairs["random-s1-k2"]["bleu"] == 100.0 and pairs["random-s1-k2"]["p"] < 0.05
+    assert 0 < pairs["michel-k2"]["bleu"] - noisy_bleu < 2 and pairs["michel-k2"]["p"] > 0.05
+    section = (tmp_path / "report" / "report.md").read_text().split("## Controls against")[1]
+    row = next(line for line in section.splitlines() if line.startswith("| random-s1-k2 |"))
+    assert row.endswith(f"| {100.0 - noisy_bleu:+.2f} | {pairs['random-s1-k2']['p']:.3f} * |")
+    # no pruning run with hypotheses: no test, no section, no stale file
+    (tmp_path / "eval" / "pruned-k2" / "test_2016_flickr.hyp").unlink()
+    report.main(["--work-dir", str(tmp_path), "--tgt", "de"])
+    assert "## Controls against" not in (tmp_path / "report" / "report.md").read_text()
+    assert not (tmp_path / "report" / "paired_controls.json").exists()
+
+
 def test_full_study_in_one_command(quickstart_work, raw_dir):
     """recipes/full.sh: λ sweep, an exact budget, a joint run, controls and the report."""
     work = quickstart_work  # K = 2: a run of its own (test_prune_… made enc-self-k3)
