@@ -362,17 +362,23 @@ def test_report_reads_a_record_made_where_the_checkpoint_was(tmp_path, monkeypat
     assert "| pruned-k2 | enc-self | 0:1 lrp 0.40 (positional), 1:0 lrp 0.30 | 0.35 |" in lines
 
 
+def synthetic_references(work: Path) -> tuple[list[str], list[str]]:
+    """60 German-looking references in work/raw/test_2016_flickr.de, and truncated ones."""
+    words = "ein hund rennt über die grüne wiese am see neben zwei kindern".split()
+    refs = [" ".join(words[i % 5 : i % 5 + 6] + [str(i)]) for i in range(60)]
+    noisy = [" ".join(r.split()[: 3 + i % 3]) for i, r in enumerate(refs)]
+    (work / "raw").mkdir()
+    (work / "raw" / "test_2016_flickr.de").write_text("\n".join(refs) + "\n")
+    return refs, noisy
+
+
 def test_report_tests_each_model_against_the_baseline(tmp_path, monkeypatch):
     """Paired bootstrap on the plot split: the baseline with one sentence corrected is no
     significant difference, the references themselves are one; BLEU as sacreBLEU alone."""
     monkeypatch.syspath_prepend(str(REPO / "recipes"))
     import report
 
-    words = "ein hund rennt über die grüne wiese am see neben zwei kindern".split()
-    refs = [" ".join(words[i % 5 : i % 5 + 6] + [str(i)]) for i in range(60)]
-    noisy = [" ".join(r.split()[: 3 + i % 3]) for i, r in enumerate(refs)]
-    (tmp_path / "raw").mkdir()
-    (tmp_path / "raw" / "test_2016_flickr.de").write_text("\n".join(refs) + "\n")
+    refs, noisy = synthetic_references(tmp_path)
     near = [refs[0]] + noisy[1:]
     for name, hyps in (("baseline", noisy), ("near", near), ("perfect", refs)):
         folder = tmp_path / "eval" / name
@@ -433,11 +439,7 @@ def test_report_tests_each_control_against_its_pruning_run(tmp_path, monkeypatch
     monkeypatch.syspath_prepend(str(REPO / "recipes"))
     import report
 
-    words = "ein hund rennt über die grüne wiese am see neben zwei kindern".split()
-    refs = [" ".join(words[i % 5 : i % 5 + 6] + [str(i)]) for i in range(60)]
-    noisy = [" ".join(r.split()[: 3 + i % 3]) for i, r in enumerate(refs)]
-    (tmp_path / "raw").mkdir()
-    (tmp_path / "raw" / "test_2016_flickr.de").write_text("\n".join(refs) + "\n")
+    refs, noisy = synthetic_references(tmp_path)
     full = {"enc-self": [8, 8], "dec-self": [4, 4], "dec-enc": [4, 4]}
     two, three = {**full, "enc-self": [2, 8]}, {**full, "enc-self": [3, 8]}
     for name, record, hyps in [
