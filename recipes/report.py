@@ -593,6 +593,39 @@ def length_markdown(result: dict, rows: list[dict]) -> list[str]:
     return lines
 
 
+def references(work: Path, split: str, tgt: str, raw: Path | None = None) -> list[str] | None:
+    """The reference lines of ``split`` (``raw``, default ``work/raw``); None when not there."""
+    ref_file = (work / "raw" if raw is None else raw) / f"{split}.{tgt}"
+    return ref_file.read_text(encoding="utf-8").splitlines() if ref_file.is_file() else None
+
+
+def bootstrap(
+    reference: tuple[str, list[str]],
+    systems: list[tuple[str, list[str]]],
+    refs: list[str],
+    samples: int,
+) -> dict[str, dict]:
+    """sacreBLEU's paired bootstrap resampling of ``systems`` against ``reference`` (each a
+    name and its hypotheses): {name: {"bleu", "mean", "ci", "p"}}, ``p`` None for the
+    reference itself."""
+    import logging
+
+    from sacrebleu.metrics import BLEU
+    from sacrebleu.significance import PairedTest
+
+    logging.getLogger("sacrebleu").setLevel(logging.WARNING)  # a line per system and step
+    _, results = PairedTest(
+        [reference] + systems, {"BLEU": BLEU()}, [refs], test_type="bs", n_samples=samples
+    )()
+    return {
+        name: {
+            "bleu": round(r.score, 2), "mean": round(r.mean, 2), "ci": round(r.ci, 2),
+            "p": None if r.p_value is None else round(r.p_value, 4),
+        }
+        for name, r in zip(results["System"], results["BLEU"])
+    }  # fmt: skip
+
+
 def paired_bootstrap(
     work: Path,
     rows: list[dict],
@@ -607,16 +640,9 @@ def paired_bootstrap(
     {"split", "against", "samples", "models": {name: {"bleu", "mean", "ci", "p", "against"}},
     "untested": {name: baseline}} (``p`` and ``against`` None for a reference itself;
     ``untested``: rows whose baseline has no hypotheses); {} when nothing was tested."""
-    import logging
-
-    from sacrebleu.metrics import BLEU
-    from sacrebleu.significance import PairedTest
-
-    logging.getLogger("sacrebleu").setLevel(logging.WARNING)  # a line per system and step
-    ref_file = (work / "raw" if raw is None else raw) / f"{split}.{tgt}"
-    if not ref_file.is_file():
+    refs = references(work, split, tgt, raw)
+    if refs is None:
         return {}
-    refs = ref_file.read_text(encoding="utf-8").splitlines()
     groups: dict[str, list[str]] = defaultdict(list)  # baseline -> the rows made from it
     for r in sorted(rows, key=lambda r: r["name"]):
         base = r.get("baseline") or against
@@ -633,16 +659,8 @@ def paired_bootstrap(
             continue
         if not systems:
             continue
-        _, results = PairedTest(
-            [(base, reference)] + systems, {"BLEU": BLEU()}, [refs], test_type="bs",
-            n_samples=samples,
-        )()  # fmt: skip
-        for name, r in zip(results["System"], results["BLEU"]):
-            models.setdefault(name, {
-                "bleu": round(r.score, 2), "mean": round(r.mean, 2), "ci": round(r.ci, 2),
-                "p": None if r.p_value is None else round(r.p_value, 4),
-                "against": None if name == base else base,
-            })  # fmt: skip
+        for name, result in bootstrap((base, reference), systems, refs, samples).items():
+            models.setdefault(name, {**result, "against": None if name == base else base})
     if not any(m["against"] for m in models.values()):
         return {}
     return {
@@ -674,16 +692,9 @@ def paired_controls(
     heads the gates kept better than heads chosen or trained another way? {"split",
     "samples", "pairs": [{"model", "method", "against", "bleu", "against_bleu", "p"}]};
     {} when no such pair has hypotheses on ``split``."""
-    import logging
-
-    from sacrebleu.metrics import BLEU
-    from sacrebleu.significance import PairedTest
-
-    logging.getLogger("sacrebleu").setLevel(logging.WARNING)
-    ref_file = (work / "raw" if raw is None else raw) / f"{split}.{tgt}"
-    if not ref_file.is_file():
+    refs = references(work, split, tgt, raw)
+    if refs is None:
         return {}
-    refs = ref_file.read_text(encoding="utf-8").splitlines()
     controls = [r for r in rows if r["method"] in CONTROL_METHODS and budget_key(r)]
     pairs = []
     for pruned in sorted(rows, key=lambda r: r["name"]):
@@ -697,18 +708,13 @@ def paired_controls(
         systems = [(n, h) for n, h in systems if h is not None]
         if reference is None or not systems:
             continue
-        _, results = PairedTest(
-            [(pruned["name"], reference)] + systems, {"BLEU": BLEU()}, [refs], test_type="bs",
-            n_samples=samples,
-        )()  # fmt: skip
-        scores = dict(zip(results["System"], results["BLEU"]))
+        scores = bootstrap((pruned["name"], reference), systems, refs, samples)
         method = {c["name"]: c["method"] for c in same}
         for name, _ in systems:
             pairs.append({
                 "model": name, "method": method[name], "against": pruned["name"],
-                "bleu": round(scores[name].score, 2),
-                "against_bleu": round(scores[pruned["name"]].score, 2),
-                "p": None if scores[name].p_value is None else round(scores[name].p_value, 4),
+                "bleu": scores[name]["bleu"], "against_bleu": scores[pruned["name"]]["bleu"],
+                "p": scores[name]["p"],
             })  # fmt: skip
     return {"split": split, "samples": samples, "pairs": pairs} if pairs else {}
 
