@@ -17,9 +17,12 @@
 #   EXTRA_ARGS   appended to fairseq-train
 # The pruned model is $PRUNE_DIR/checkpoint_last.pt, the end of the fine-tuning: fairseq's
 # checkpoint_best.pt (lowest validation nll) can be from before the gates closed, when more
-# heads were open, so it is not the pruned model. The model flags are read back from the
-# baseline checkpoint. Resumable: fairseq-train
-# continues from $PRUNE_DIR/checkpoint_last.pt; skipped when $PRUNE_DIR/DONE exists.
+# heads were open, so it is not the pruned model. `fairseq-headprune export` then writes it
+# with the closed heads physically removed, $PRUNE_DIR/pruned.pt (and pruned.pt.heads.json,
+# the heads kept): the same translations, a smaller model (stock fairseq-generate loads it
+# with --user-dir). The model flags are read back from the baseline checkpoint. Resumable:
+# fairseq-train continues from $PRUNE_DIR/checkpoint_last.pt; the training is skipped when
+# $PRUNE_DIR/DONE exists, the export when pruned.pt.heads.json does.
 set -euo pipefail
 HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 source "$HERE/lib/common.sh"
@@ -44,7 +47,14 @@ MAX_TOKENS="${MAX_TOKENS:-4096}"
 EXTRA_ARGS="${EXTRA_ARGS:-}"
 
 [[ -f "$BASELINE" ]] || die "no baseline checkpoint at $BASELINE (run recipes/train_baseline.sh)"
-if [[ -f "$PRUNE_DIR/DONE" ]]; then log "already pruned: $PRUNE_DIR"; exit 0; fi
+export_pruned() {
+  [[ -s "$PRUNE_DIR/pruned.pt.heads.json" ]] && return
+  fairseq-headprune export --path "$PRUNE_DIR/checkpoint_last.pt" --out "$PRUNE_DIR/pruned.pt" \
+    --force | tee "$PRUNE_DIR/export.txt"
+  log "exported: $PRUNE_DIR/pruned.pt ($(du -h "$PRUNE_DIR/pruned.pt" | cut -f1); the gated" \
+    "checkpoint_last.pt with its optimizer state: $(du -h "$PRUNE_DIR/checkpoint_last.pt" | cut -f1))"
+}
+if [[ -f "$PRUNE_DIR/DONE" ]]; then log "already pruned: $PRUNE_DIR"; export_pruned; exit 0; fi
 mkdir -p "$PRUNE_DIR"
 freeze=(); [[ "$FREEZE_DECODER" == 1 ]] && freeze=(--freeze-decoder)
 # shellcheck disable=SC2207
@@ -65,3 +75,4 @@ fairseq-train "$DATA_BIN" --user-dir "$USER_DIR" \
   --log-format simple --log-interval 50 $EXTRA_ARGS 2>&1 | tee -a "$PRUNE_DIR/train.log"
 fairseq-headprune gates "$PRUNE_DIR/checkpoint_last.pt" | tee "$PRUNE_DIR/gates.txt"
 touch "$PRUNE_DIR/DONE"
+export_pruned

@@ -75,6 +75,14 @@ def test_quickstart_runs_end_to_end_and_resumes(quickstart_run, raw_dir):
     assert "head_gate_lr_scale=60.0" in log
     records = (tmp_path / "prune" / "enc-self-k5" / "gate_trajectory.jsonl").read_text()
     assert json.loads(records.splitlines()[0])["num_updates"] == 0
+    # the pruned model exported with its closed heads removed (with 2 tiny epochs the gates
+    # have not closed yet: export keeps the run's --target-heads budget, the 5 most open)
+    run = tmp_path / "prune" / "enc-self-k5"
+    kept = json.loads((run / "pruned.pt.heads.json").read_text())
+    assert sum(map(len, kept["enc-self"])) == 5
+    assert "enc-self: kept 5/8" in (run / "export.txt").read_text()
+    pruned = torch.load(run / "pruned.pt", weights_only=False)
+    assert not any("head_gate" in k for k in pruned["model"])
     # a second run skips the finished steps and prints the same table
     again = _run("quickstart.sh", tmp_path, raw_dir, TARGET_HEADS="5", TARGET_WARMUP="2")
     assert again.splitlines()[-4:] == out.splitlines()[-4:]
