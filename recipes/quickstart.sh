@@ -38,4 +38,5 @@ python "$HERE/lib/quickstart_table.py" "$WORK_DIR/eval" "$BASELINE" \
   "$name=$PRUNE_DIR/checkpoint_last.pt"
 bash "$HERE/report.sh" >/dev/null
 echo "report: $WORK_DIR/report/report.md"
+echo "pruned model, closed heads removed: $PRUNE_DIR/pruned.pt"
 echo "runs: $WORK_DIR"

@@ -78,6 +78,7 @@ def test_quickstart_runs_end_to_end_and_resumes(quickstart_run, raw_dir):
     # the pruned model exported with its closed heads removed (with 2 tiny epochs the gates
     # have not closed yet: export keeps the run's --target-heads budget, the 5 most open)
     run = tmp_path / "prune" / "enc-self-k5"
+    assert f"pruned model, closed heads removed: {run / 'pruned.pt'}" in out
     kept = json.loads((run / "pruned.pt.heads.json").read_text())
     assert sum(map(len, kept["enc-self"])) == 5
     assert "enc-self: kept 5/8" in (run / "export.txt").read_text()
