@@ -73,7 +73,9 @@ for d in "$W"/prune/*/; do
   o="$OUT/prune/$(basename "$d")"; mkdir -p "$o"
   stamped "$d/train.log" > "$o/train.log"
   fairseq-headprune gates "$d/checkpoint_last.pt" > "$o/gates.txt"
-  for f in trajectory.txt gate_trajectory.jsonl; do [[ -f $d/$f ]] && cp "$d/$f" "$o/"; done
+  for f in trajectory.txt gate_trajectory.jsonl export.txt pruned.pt.heads.json; do
+    [[ -f $d/$f ]] && cp "$d/$f" "$o/"
+  done
 done
 for d in "$W"/controls/*/; do
   name=$(basename "$d"); o="$OUT/controls/$name"
