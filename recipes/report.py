@@ -22,9 +22,8 @@ references (length buckets, paired tests) are ``WORK_DIR/raw``'s, or ``--raw-dir
 it, a report can be made from committed evaluations alone. For the models trained from
 scratch (the baseline and the ``scratch`` controls), the validation nll of their last epochs
 from the ``train.log`` next to the checkpoint (or model.json's ``train_log``): whether they
-converged. And whether each
-difference to the baseline it was made from (model.json's ``"baseline"``, else
-``--paired-against``) on ``--plot-split`` is more than chance:
+converged. And whether each difference to the baseline it was made from (model.json's
+``"baseline"``, else ``--paired-against``) on ``--plot-split`` is more than chance:
 sacreBLEU's paired bootstrap resampling test (Koehn 2004; 1,000 resamples, sacreBLEU's fixed
 seed), p-value and 95 % confidence interval per model, also written to
 ``paired_bootstrap.json``; and each control (masked, refit, scratch, random, michel, lrp)
@@ -483,10 +482,11 @@ def heads_markdown(rows: list[dict], scores: dict | None, against: str = "baseli
             lines.append(f"| {r['name']} | {site} | {', '.join(cells) or '–'} | {share_text} |")
     closing = []
     for r in pruned:
-        run = Path(r["checkpoint"]).parent if r.get("checkpoint") else None
-        if not (run and (run / gate_trajectory.TRAJECTORY_FILE).exists()) and r.get("run_dir"):
-            run = Path(r["run_dir"])  # the run folder gone: its committed files
-        if not (run and (run / gate_trajectory.TRAJECTORY_FILE).exists()):
+        # the checkpoint's folder, or where that is gone, the run's committed files
+        folders = [Path(r["checkpoint"]).parent] if r.get("checkpoint") else []
+        folders += [Path(r["run_dir"])] if r.get("run_dir") else []
+        run = next((d for d in folders if (d / gate_trajectory.TRAJECTORY_FILE).exists()), None)
+        if run is None:
             continue
         result = gate_trajectory.trajectory(run)
         metrics = gate_trajectory.CLOSING_METRICS
