@@ -86,6 +86,10 @@ for d in "$W"/controls/*/; do
   done
   [[ -f $d/train.log ]] && stamped "$d/train.log" > "$o/train.log"
 done
+if [[ -d $W/bench ]]; then  # run.sh's bench: full vs pruned model, side by side
+  mkdir -p "$OUT/bench"
+  for f in "$W"/bench/*.txt "$W"/bench/*.json; do cp "$f" "$OUT/bench/"; done
+fi
 if [[ -d $W/report ]]; then
   mkdir -p "$OUT/report"; cp "$W"/report/*.{md,png,txt,json} "$OUT/report/"
 fi

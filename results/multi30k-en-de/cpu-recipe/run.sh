@@ -39,6 +39,18 @@ run_prune() {  # NAME DIR, then prune.sh settings
   python recipes/lib/gate_trajectory.py "$dir" --scores "$scores/heads.json" \
     > "$dir/trajectory.txt"
 }
+# The speed of a pruned model (prune.sh's pruned.pt, its closed heads removed) against the
+# baseline, side by side in one run: encoder forward and beam-5 generation at batch 1/16/64,
+# each next to the speed-up predicted by counting multiply-adds, and peak memory.
+bench() {  # NAME PRUNE_DIR
+  local out=$WORK_DIR/bench/$1
+  [[ -s $out.json ]] && return
+  mkdir -p "$WORK_DIR/bench"
+  fairseq-headprune bench "$WORK_DIR/data-bin" --full "$B" --pruned "$2/pruned.pt" \
+    --max-sentences 512 --generate-sentences 192 --memory --json-out "$out.json.tmp" \
+    | tee "$out.txt"
+  mv "$out.json.tmp" "$out.json"
+}
 ctl() { BASELINE="$B" PRUNED=$P/enc-self-k$1/checkpoint_last.pt CONTROLS="$2" SEEDS="1 2 3" \
   bash recipes/controls.sh; }
 # Done in sessions 13-16 and committed (docs/results.md; eval/, prune/, controls/ here): the
@@ -57,8 +69,10 @@ ctl() { BASELINE="$B" PRUNED=$P/enc-self-k$1/checkpoint_last.pt CONTROLS="$2" SE
 # 4 heads: Michel's and LRP's order against the gated run, then the random and refit
 # controls again (on the same baseline as the rest), then joint pruning.
 run_prune pruned-k4 "$P/enc-self-k4" TARGET_HEADS=4
+bench pruned-k4 "$P/enc-self-k4"
 ctl 4 "michel lrp refit random masked"
 run_prune pruned-joint-l0.03 "$P/joint-l0.03" LAMBDA=0.03 HEAD_GATES=enc-self,dec-self,dec-enc FREEZE_DECODER=0
+bench pruned-joint-l0.03 "$P/joint-l0.03"  # decoder heads removed too: faster generation?
 ctl 4 scratch
 run_prune pruned-k10 "$P/enc-self-k10" TARGET_HEADS=10
 ctl 10 scratch
