@@ -218,11 +218,13 @@ def fmt_heads(row: dict) -> str:
     return text + (f" ({', '.join(others)})" if others else "")
 
 
-def random_groups(rows: list[dict]) -> dict[int, list[dict]]:
+def random_groups(rows: list[dict]) -> dict[tuple[str, int], list[dict]]:
+    """The random-head runs by the baseline they were made from (model.json ``"baseline"``,
+    "" for eval/baseline) and encoder head count: seeds of two baselines are not one sample."""
     groups = defaultdict(list)
     for row in rows:
         if row["method"] == "random" and enc_heads(row) is not None:
-            groups[enc_heads(row)].append(row)
+            groups[row.get("baseline", ""), enc_heads(row)].append(row)
     return dict(sorted(groups.items()))
 
 
@@ -267,10 +269,10 @@ def write_markdown(
             "",
             "## Random heads: mean ± sd over seeds",
             "",
-            "| encoder heads | seeds | " + " | ".join(splits) + " |",
-            "|---:|---:|" + "---:|" * len(splits),
+            "| made from | encoder heads | seeds | " + " | ".join(splits) + " |",
+            "|---|---:|---:|" + "---:|" * len(splits),
         ]
-        for k, group in groups.items():
+        for (base, k), group in groups.items():
             cells = []
             for s in splits:
                 vals = [r["bleu"][s] for r in group if s in r["bleu"]]
@@ -279,7 +281,8 @@ def write_markdown(
                     continue
                 m, sd = mean_sd(vals)
                 cells.append(f"{m:.2f} ± {sd:.2f}" if sd is not None else f"{m:.2f} (1 seed)")
-            lines.append(f"| {k} | {len(group)} | " + " | ".join(cells) + " |")
+            made_from = base or "baseline"
+            lines.append(f"| {made_from} | {k} | {len(group)} | " + " | ".join(cells) + " |")
     lines += operating_points(rows, splits)
     lines += length_markdown(lengths or {}, rows)
     lines += paired_markdown(paired or {}, rows)
@@ -805,8 +808,8 @@ def plot(rows: list[dict], split: str, path: Path) -> None:
         face = {"markerfacecolor": "none"} if base else {}  # another baseline: hollow markers
         label = f"{method} (joint)" if joint else method
         if method == "random" and not joint:
-            same_base = [r for r in rows if split in r["bleu"] and r.get("baseline", "") == base]
-            groups = random_groups(same_base)
+            with_split = [r for r in rows if split in r["bleu"]]
+            groups = {k: g for (b, k), g in random_groups(with_split).items() if b == base}
             label = "random (mean ± sd)" + (f", {base}" if base else "")
             xs = list(groups)
             stats = [mean_sd([r["bleu"][split] for r in g]) for g in groups.values()]

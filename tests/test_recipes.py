@@ -619,6 +619,9 @@ def test_report_differences_are_to_each_models_own_baseline(tmp_path, monkeypatc
         ("first-pruned-k10", 39.0, {"method": "target-heads", "gated": ["enc-self"],
                                     "heads": {**full, "enc-self": [10, 48]},
                                     "baseline": "first-baseline"}),
+        *[(name, bleu, {"method": "random", "heads": {**full, "enc-self": [4, 48]}, **base})
+          for name, bleu, base in [("random-s1-k4", 37.0, {}), ("random-s2-k4", 38.0, {}),
+                                   ("first-random-s1-k4", 40.0, {"baseline": "first-baseline"})]],
     ]:  # fmt: skip
         folder = tmp_path / "eval" / name
         folder.mkdir(parents=True)
@@ -630,6 +633,11 @@ def test_report_differences_are_to_each_models_own_baseline(tmp_path, monkeypatc
     assert cells["pruned-k4"] == "36.50 (-1.50) |"
     assert cells["first-pruned-k10"] == "39.00 (-1.00) |"
     assert cells["baseline"] == "38.00 |" and cells["first-baseline"] == "40.00 |"
+    # random seeds: a mean per baseline, not one over both
+    report.write_markdown(report.collect(tmp_path, {}), ["val"], tmp_path / "report.md")
+    means = (tmp_path / "report.md").read_text().split("## Random heads")[1].split("##")[0]
+    assert "| baseline | 4 | 2 | 37.50 ± 0.71 |" in means
+    assert "| first-baseline | 4 | 1 | 40.00 (1 seed) |" in means
 
 
 def test_report_plots_joint_runs_apart_from_encoder_only_ones(tmp_path, monkeypatch):
