@@ -8,7 +8,8 @@ test set; random-head runs also as mean ± sd over seeds per head count) and
 ``bleu_vs_heads.png`` (BLEU on ``--plot-split`` vs encoder heads kept, one marker set per
 method), and BLEU by source-length bucket on ``--plot-split`` for every model whose
 hypotheses (``<split>.hyp``) are there: sacreBLEU of the sentences whose source has ≤ 10,
-11–15, 16–20 or > 20 words (``--length-edges``), with the bucket sizes, also written to
+11–15, 16–20 or > 20 words (``--length-edges``), with the bucket sizes and, per bucket, the
+paired bootstrap test (below) of each model against its baseline, also written to
 ``length_buckets.json``. Next to the baseline and a pruned model, the ``masked`` control of
 ``recipes/controls.sh`` (its heads cut from the baseline, not fine-tuned) shows where
 pruning loses and what fine-tuning recovers. With the scores of the model before pruning
@@ -549,49 +550,83 @@ def length_buckets(
     src: str,
     tgt: str,
     raw: Path | None = None,
+    against: str = "baseline",
+    samples: int = 1000,
 ) -> dict:
     """sacreBLEU per source-length bucket of every row with hypotheses on ``split``; sources
-    and references from ``raw`` (default ``work/raw``)."""
+    and references from ``raw`` (default ``work/raw``). Within each bucket, sacreBLEU's paired
+    bootstrap (``samples`` resamples; 0: none) tests every row against the baseline it was made
+    from (model.json's ``"baseline"``, else the row named ``against``): ``"p"`` {name: [p per
+    bucket]}, ``"against"`` {name: baseline}, for the rows whose baseline has hypotheses."""
     from sacrebleu.metrics import BLEU
 
     raw = work / "raw" if raw is None else raw
-    src_file, ref_file = raw / f"{split}.{src}", raw / f"{split}.{tgt}"
-    if not (src_file.is_file() and ref_file.is_file()):
+    src_file = raw / f"{split}.{src}"
+    refs = references(work, split, tgt, raw)
+    if refs is None or not src_file.is_file():
         return {}
     sources = src_file.read_text(encoding="utf-8").splitlines()
-    refs = ref_file.read_text(encoding="utf-8").splitlines()
     of = [bucket_of(len(line.split()), edges) for line in sources]
     sizes = [of.count(b) for b in range(len(edges) + 1)]
-    table = {}
-    for r in rows:
-        hyps = hypotheses(work, r["name"], split, len(refs))
-        if hyps is None:
-            continue
-        table[r["name"]] = [
-            round(BLEU().corpus_score([h for h, b in zip(hyps, of) if b == k],
-                                      [[x for x, b in zip(refs, of) if b == k]]).score, 2)
-            if sizes[k] else None
-            for k in range(len(sizes))
-        ]  # fmt: skip
-    return {"split": split, "buckets": bucket_names(edges), "sentences": sizes, "bleu": table}
+    hyps = {r["name"]: hypotheses(work, r["name"], split, len(refs)) for r in rows}
+    hyps = {name: h for name, h in hyps.items() if h is not None}
+
+    def in_bucket(lines: list[str], k: int) -> list[str]:
+        return [x for x, b in zip(lines, of) if b == k]
+
+    table = {
+        name: [round(BLEU().corpus_score(in_bucket(h, k), [in_bucket(refs, k)]).score, 2)
+               if sizes[k] else None for k in range(len(sizes))]
+        for name, h in hyps.items()
+    }  # fmt: skip
+    result = {"split": split, "buckets": bucket_names(edges), "sentences": sizes, "bleu": table}
+    made_from = {r["name"]: r.get("baseline") or against for r in rows}
+    tested = {n: made_from[n] for n in hyps if made_from[n] != n and made_from[n] in hyps}
+    if not samples or not tested:
+        return result
+    p_values: dict[str, list[float | None]] = {n: [None] * len(sizes) for n in tested}
+    for base in sorted(set(tested.values())):
+        names = sorted(n for n, b in tested.items() if b == base)
+        for k in range(len(sizes)):
+            if not sizes[k]:
+                continue
+            systems = [(n, in_bucket(hyps[n], k)) for n in names]
+            reference = (base, in_bucket(hyps[base], k))
+            for name, r in bootstrap(reference, systems, in_bucket(refs, k), samples).items():
+                if name != base:
+                    p_values[name][k] = r["p"]
+    return {**result, "samples": samples, "against": tested, "p": p_values}
 
 
 def length_markdown(result: dict, rows: list[dict]) -> list[str]:
     if not result.get("bleu"):
         return []
     method = {r["name"]: r["method"] for r in rows}
+    p_values = result.get("p", {})
     lines = [
         "",
         f"## BLEU by source length ({result['split']})",
         "",
         "sacreBLEU of the sentences in each bucket of source words.",
+    ]
+    if p_values:
+        lines += [
+            "`*`: differs from the baseline the model was made from in that bucket "
+            f"(sacreBLEU's paired bootstrap, {result['samples']} resamples, p < 0.05; the",
+            "p-values in `length_buckets.json`). Small buckets test only large differences.",
+        ]
+    lines += [
         "",
         "| model | method | " + " | ".join(result["buckets"]) + " |",
         "|---|---|" + "---:|" * len(result["buckets"]),
         "| sentences | | " + " | ".join(map(str, result["sentences"])) + " |",
     ]
     for name, scores in result["bleu"].items():
-        cells = ["–" if v is None else f"{v:.2f}" for v in scores]
+        ps = p_values.get(name, [None] * len(scores))
+        cells = [
+            "–" if v is None else f"{v:.2f}" + (" *" if p is not None and p < 0.05 else "")
+            for v, p in zip(scores, ps)
+        ]
         lines.append(f"| {name} | {method.get(name, '?')} | " + " | ".join(cells) + " |")
     return lines
 
@@ -610,7 +645,7 @@ def bootstrap(
 ) -> dict[str, dict]:
     """sacreBLEU's paired bootstrap resampling of ``systems`` against ``reference`` (each a
     name and its hypotheses): {name: {"bleu", "mean", "ci", "p"}}, ``p`` None for the
-    reference itself."""
+    reference itself and 1 for hypotheses identical to the reference's."""
     import logging
 
     from sacrebleu.metrics import BLEU
@@ -620,10 +655,13 @@ def bootstrap(
     _, results = PairedTest(
         [reference] + systems, {"BLEU": BLEU()}, [refs], test_type="bs", n_samples=samples
     )()
+    # sacreBLEU (after MultEval) gives hypotheses identical to the reference's p = 1/(n+1), so
+    # that "a zero difference is not attributed to chance"; here no difference is no finding
+    same = {name for name, hyps in systems if hyps == reference[1]}
     return {
         name: {
             "bleu": round(r.score, 2), "mean": round(r.mean, 2), "ci": round(r.ci, 2),
-            "p": None if r.p_value is None else round(r.p_value, 4),
+            "p": None if r.p_value is None else 1.0 if name in same else round(r.p_value, 4),
         }
         for name, r in zip(results["System"], results["BLEU"])
     }  # fmt: skip
@@ -878,7 +916,9 @@ def main(argv: list[str] | None = None) -> None:
     raw = Path(args.raw_dir) if args.raw_dir else work / "raw"
     if args.raw_dir and not raw.is_dir():
         p.error(f"--raw-dir: no folder {raw}")
-    lengths = length_buckets(work, rows, plot_split, edges, args.src, args.tgt, raw)
+    lengths = length_buckets(
+        work, rows, plot_split, edges, args.src, args.tgt, raw, args.paired_against
+    )
     if lengths:
         (out / "length_buckets.json").write_text(json.dumps(lengths, indent=1) + "\n")
     scores_file = Path(args.scores) if args.scores else work / "scores-baseline" / "heads.json"

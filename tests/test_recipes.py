@@ -441,6 +441,50 @@ def test_report_tests_each_model_against_the_baseline(tmp_path, monkeypatch):
     assert not (tmp_path / "report" / "paired_bootstrap.json").exists()
 
 
+def test_report_tests_length_buckets_against_the_baseline(tmp_path, monkeypatch):
+    """BLEU by source length: each bucket's score is sacreBLEU on that bucket's sentences, and
+    the paired test within a bucket finds a model that is better only on short sentences
+    better there and not on the long ones; a model whose baseline has no hypotheses is not
+    tested."""
+    monkeypatch.syspath_prepend(str(REPO / "recipes"))
+    import report
+
+    refs, noisy = synthetic_references(tmp_path)
+    sources = [" ".join(["word"] * (3 if i % 2 == 0 else 8)) for i in range(len(refs))]
+    (tmp_path / "raw" / "test_2016_flickr.en").write_text("\n".join(sources) + "\n")
+    short_fixed = [r if i % 2 == 0 else n for i, (r, n) in enumerate(zip(refs, noisy))]
+    short_fixed[1] = refs[1]  # and one long sentence: a small difference there
+    for name, hyps, record in [
+        ("baseline", noisy, {"method": "baseline"}),
+        ("short-fixed", short_fixed, {"method": "refit"}),
+        ("same", noisy, {"method": "masked"}),
+        ("lost", refs, {"method": "scratch", "baseline": "gone"}),
+    ]:
+        folder = tmp_path / "eval" / name
+        folder.mkdir(parents=True)
+        (folder / "test_2016_flickr.hyp").write_text("\n".join(hyps) + "\n")
+        bleu = round(BLEU().corpus_score(hyps, [refs]).score, 2)
+        (folder / "test_2016_flickr.json").write_text(json.dumps({"bleu": bleu}))
+        (folder / "model.json").write_text(json.dumps(record))
+    report.main(["--work-dir", str(tmp_path), "--tgt", "de", "--length-edges", "5"])
+    out = json.loads((tmp_path / "report" / "length_buckets.json").read_text())
+    assert out["buckets"] == ["1–5", "> 5"] and out["sentences"] == [30, 30]
+    for name, hyps in (("baseline", noisy), ("short-fixed", short_fixed)):
+        for k, parity in enumerate((0, 1)):
+            part = [i for i in range(len(refs)) if i % 2 == parity]
+            bleu = BLEU().corpus_score([hyps[i] for i in part], [[refs[i] for i in part]])
+            assert out["bleu"][name][k] == round(bleu.score, 2)
+    assert out["against"] == {"short-fixed": "baseline", "same": "baseline"}
+    assert 0 < out["bleu"]["short-fixed"][1] - out["bleu"]["baseline"][1] < 3
+    p_short, p_long = out["p"]["short-fixed"]
+    assert p_short < 0.05 < p_long
+    # the baseline's own hypotheses: no difference, p = 1 (sacreBLEU alone says 1/1001)
+    assert out["p"]["same"] == [1.0, 1.0]
+    section = (tmp_path / "report" / "report.md").read_text().split("## BLEU by source")[1]
+    row = next(line for line in section.splitlines() if line.startswith("| short-fixed |"))
+    assert row.endswith(f"| 100.00 * | {out['bleu']['short-fixed'][1]:.2f} |")
+
+
 def test_report_tests_each_control_against_its_pruning_run(tmp_path, monkeypatch):
     """Controls are tested against the pruning run with the same heads kept, made from the
     same baseline: a perfect control is significantly ahead, one sentence better is not;
