@@ -66,14 +66,15 @@ ctl() { BASELINE="$B" PRUNED=$P/enc-self-k$1/checkpoint_last.pt CONTROLS="$2" SE
 # gone in the twenty-sixth session, after its 4-head run, joint run and their masked, random
 # and refit controls (committed). The baseline trained here since is the fourth run of the
 # recipe (collect.sh: fourth-baseline/). Its order puts first what the third left open at
-# 4 heads: Michel's and LRP's order against the gated run, then the random and refit
-# controls again (on the same baseline as the rest), then joint pruning.
+# 4 heads: Michel's and LRP's order against the gated run (after the masked control, a few
+# minutes), then the random and refit controls again (on the same baseline as the rest), the
+# paper's from-scratch control, then joint pruning again (done on the third).
 run_prune pruned-k4 "$P/enc-self-k4" TARGET_HEADS=4
 bench pruned-k4 "$P/enc-self-k4"
-ctl 4 "michel lrp refit random masked"
+ctl 4 "masked michel lrp random refit"
+ctl 4 scratch
 run_prune pruned-joint-l0.03 "$P/joint-l0.03" LAMBDA=0.03 HEAD_GATES=enc-self,dec-self,dec-enc FREEZE_DECODER=0
 bench pruned-joint-l0.03 "$P/joint-l0.03"  # decoder heads removed too: faster generation?
-ctl 4 scratch
 run_prune pruned-k10 "$P/enc-self-k10" TARGET_HEADS=10
 ctl 10 scratch
 run_prune pruned-joint-l0 "$P/joint-l0" LAMBDA=0 HEAD_GATES=enc-self,dec-self,dec-enc FREEZE_DECODER=0
