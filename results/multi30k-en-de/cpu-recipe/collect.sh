@@ -85,6 +85,7 @@ for d in "$W"/controls/*/; do
     [[ -f $d/$f ]] && cp "$d/$f" "$o/"
   done
   [[ -f $d/train.log ]] && stamped "$d/train.log" > "$o/train.log"
+  rmdir --ignore-fail-on-non-empty "$o"  # folders with none of these (scores, structures)
 done
 if [[ -d $W/bench ]]; then  # run.sh's bench: full vs pruned model, side by side
   mkdir -p "$OUT/bench"
