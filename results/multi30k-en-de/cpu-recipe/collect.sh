@@ -59,6 +59,14 @@ out.write_text(json.dumps(record, indent=1) + "\n")
 PY
   fi
 done
+# the controls' last checkpoints, evaluated by hand beside run.sh (which evaluates their best):
+# WORK_DIR=$W/eval-last-work DATA_BIN=$W/data-bin SUBSETS="valid test test1 test2"
+#   recipes/evaluate.sh <control>-last $W/controls/<control>/checkpoint_last.pt
+# (with $W/eval-last-work/raw -> $W/raw), kept apart so that report.py does not list them
+for d in "$W"/eval-last-work/eval/*/; do
+  o="$OUT/eval-last/$(basename "$d")"; mkdir -p "$o"
+  cp "$d"/*.json "$d"/*.hyp "$d"/checkpoint "$o"/
+done
 if [[ -s $W/scores-baseline/heads.json ]]; then
   mkdir -p "$OUT/scores-baseline"
   cp "$W"/scores-baseline/{summary.md,heads.json,heads.csv} "$OUT/scores-baseline/"
