@@ -15,6 +15,11 @@
 #   CONTROLS     ["masked refit scratch random michel lrp"; with BUDGET "random michel lrp"]
 #   SEEDS        ["1 2 3"] (random)
 #   FT_EPOCHS    fine-tuning epochs, = prune.sh's MAX_EPOCH [10] (refit, random, michel, lrp)
+#   CONTROL_CHECKPOINT  the checkpoint of a fine-tuned control (refit, random, michel, lrp)
+#                that is evaluated [best]: best (checkpoint_best.pt, by validation nll), last
+#                (checkpoint_last.pt, the end of the fine-tuning: a pruning run's own rule, as
+#                its best checkpoint can predate the closing of its gates; evaluated as
+#                <name>-last) or both. scratch, like the baseline, is evaluated at its best.
 #   SCRATCH_EPOCHS  epochs of the from-scratch run [the baseline's: the epochs completed by
 #                the checkpoint_last.pt next to BASELINE; 55 without one]
 #   SCORE_SENTENCES valid sentences for the LRP and importance scores [2000, i.e. all]
@@ -58,6 +63,12 @@ FT_EPOCHS="${FT_EPOCHS:-10}"
 SCRATCH_EPOCHS="${SCRATCH_EPOCHS:-}"
 SCORE_SENTENCES="${SCORE_SENTENCES:-2000}"
 MICHEL_STEP="${MICHEL_STEP:-0}"
+CONTROL_CHECKPOINT="${CONTROL_CHECKPOINT:-best}"
+case "$CONTROL_CHECKPOINT" in
+  best | last) selected=("$CONTROL_CHECKPOINT") ;;
+  both) selected=(best last) ;;
+  *) die "CONTROL_CHECKPOINT is best, last or both, not '$CONTROL_CHECKPOINT'" ;;
+esac
 ctl="$WORK_DIR/controls"
 
 [[ -f "$BASELINE" ]] || die "no baseline checkpoint at $BASELINE"
@@ -94,11 +105,12 @@ fi
 [[ -n "${budget:-}" ]] || die "could not read the head budget of $source_of_budget"
 log "budget of $source_of_budget: $budget (runs: $ctl/*-$tag)"
 
-evaluate() {  # NAME METHOD CKPT KEPT_JSON [SEED]
-  local name="$1" method="$2" ckpt="$3" kept="$4" seed=()
-  [[ $# -ge 5 ]] && seed=(--seed "$5")
+evaluate() {  # NAME METHOD CKPT KEPT_JSON [SEED]; SELECTED=last: a checkpoint_last.pt
+  local name="$1" method="$2" ckpt="$3" kept="$4" extra=()
+  [[ $# -ge 5 ]] && extra+=(--seed "$5")
+  [[ "${SELECTED:-}" == last ]] && extra+=(--selected last)
   python "$HERE/lib/controls.py" record --eval-dir "$WORK_DIR/eval/$name" --method "$method" \
-    --checkpoint "$ckpt" --kept "$kept" "${seed[@]}"
+    --checkpoint "$ckpt" --kept "$kept" "${extra[@]}"
   bash "$HERE/evaluate.sh" "$name" "$ckpt"
 }
 
@@ -115,7 +127,14 @@ prune_and_finetune() {  # NAME METHOD [SEED]: export $run/mask.json from the bas
   [[ -f "$run/pruned.pt.heads.json" ]] || fairseq-headprune export --path "$BASELINE" \
     --mask "$run/mask.json" --out "$run/pruned.pt" --force
   MAX_EPOCH="$FT_EPOCHS" bash "$HERE/finetune_pruned.sh" "$run" "$run/pruned.pt"
-  evaluate "$name" "$2" "$run/checkpoint_best.pt" "$run/pruned.pt.heads.json" "${@:3}"
+  for which in "${selected[@]}"; do
+    if [[ "$which" == best ]]; then
+      evaluate "$name" "$2" "$run/checkpoint_best.pt" "$run/pruned.pt.heads.json" "${@:3}"
+    else
+      SELECTED=last evaluate "$name-last" "$2" "$run/checkpoint_last.pt" \
+        "$run/pruned.pt.heads.json" "${@:3}"
+    fi
+  done
 }
 
 for control in $CONTROLS; do

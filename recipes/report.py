@@ -39,7 +39,9 @@ Which model an evaluation belongs to, first rule that applies:
    (``{type: [kept, total]}``) with ``"gated"`` (the gated types), used when the checkpoint is
    not on this machine (then ``"kept_heads"``, if there, lists the surviving heads), and
    ``"baseline"``: the NAME of the baseline the model was made from, when that is not
-   ``eval/baseline`` (the operating points' differences are to it); ``"train_log"``: the
+   ``eval/baseline`` (the operating points' differences are to it); ``"selected": "last"``:
+   the run's last checkpoint rather than its best by validation nll (random draws are
+   averaged per rule; the plot shows them apart); ``"train_log"``: the
    run's fairseq-train log (its epoch lines are enough) or, for a run resumed across
    sessions, its logs in order, relative to ``eval/<NAME>/``, read when no ``train.log`` is
    next to the checkpoint; ``"run_dir"``: a pruning run's folder as committed (its
@@ -149,6 +151,9 @@ def collect(work: Path, models: dict[str, str]) -> list[dict]:
             rec = json.loads(record.read_text())
             row["method"] = rec["method"]
             row["setting"] = rec.get("setting") or (f"seed {rec['seed']}" if "seed" in rec else "")
+            if rec.get("selected") == "last":
+                row["selected"] = "last"
+                row["setting"] = ", ".join(filter(None, (row["setting"], "last checkpoint")))
             if rec.get("baseline"):
                 row["baseline"] = rec["baseline"]
             if rec.get("train_log"):  # relative to this folder; a list: a resumed run's logs
@@ -219,13 +224,15 @@ def fmt_heads(row: dict) -> str:
     return text + (f" ({', '.join(others)})" if others else "")
 
 
-def random_groups(rows: list[dict]) -> dict[tuple[str, int], list[dict]]:
+def random_groups(rows: list[dict]) -> dict[tuple[str, str, int], list[dict]]:
     """The random-head runs by the baseline they were made from (model.json ``"baseline"``,
-    "" for eval/baseline) and encoder head count: seeds of two baselines are not one sample."""
+    "" for eval/baseline), the checkpoint rule (``"selected"``: "" for the best by validation
+    nll, "last") and encoder head count: seeds of two baselines, or a run's best and last
+    checkpoints, are not one sample."""
     groups = defaultdict(list)
     for row in rows:
         if row["method"] == "random" and enc_heads(row) is not None:
-            groups[row.get("baseline", ""), enc_heads(row)].append(row)
+            groups[row.get("baseline", ""), row.get("selected", ""), enc_heads(row)].append(row)
     return dict(sorted(groups.items()))
 
 
@@ -273,7 +280,7 @@ def write_markdown(
             "| made from | encoder heads | seeds | " + " | ".join(splits) + " |",
             "|---|---:|---:|" + "---:|" * len(splits),
         ]
-        for (base, k), group in groups.items():
+        for (base, selected, k), group in groups.items():
             cells = []
             for s in splits:
                 vals = [r["bleu"][s] for r in group if s in r["bleu"]]
@@ -282,7 +289,7 @@ def write_markdown(
                     continue
                 m, sd = mean_sd(vals)
                 cells.append(f"{m:.2f} ± {sd:.2f}" if sd is not None else f"{m:.2f} (1 seed)")
-            made_from = base or "baseline"
+            made_from = (base or "baseline") + (", last checkpoints" if selected else "")
             lines.append(f"| {made_from} | {k} | {len(group)} | " + " | ".join(cells) + " |")
     lines += operating_points(rows, splits)
     lines += length_markdown(lengths or {}, rows)
@@ -828,27 +835,34 @@ def plot(rows: list[dict], split: str, path: Path) -> None:
     fig, ax = plt.subplots(figsize=(9.0, 4.8))
     # one series per (method, joint, baseline): joint runs prune the decoder too, and the x axis
     # counts only encoder heads, so they get their own unconnected series, listed last; models
-    # made from another baseline than eval/baseline (model.json "baseline") are series apart
+    # made from another baseline than eval/baseline (model.json "baseline"), and last
+    # checkpoints of runs otherwise evaluated at their best (model.json "selected"), are series
+    # apart
     by_series = defaultdict(list)
     for r in rows:
         if split in r["bleu"] and enc_heads(r) is not None:
-            series = (r["method"], is_joint(r), r.get("baseline", ""))
+            series = (r["method"], is_joint(r), r.get("baseline", ""), r.get("selected", ""))
             by_series[series].append((enc_heads(r), r["bleu"][split]))
     rank = {m: i for i, m in enumerate(STYLE)}
 
-    def order(series: tuple[str, bool, str]) -> tuple[int, str]:
-        method, joint, base = series
-        return (len(rank) if joint else rank.get(method, len(rank)), base)
+    def order(series: tuple[str, bool, str, str]) -> tuple[int, str, str]:
+        method, joint, base, selected = series
+        return (len(rank) if joint else rank.get(method, len(rank)), base, selected)
 
-    for (method, joint, base), points in sorted(by_series.items(), key=lambda kv: order(kv[0])):
+    for series, points in sorted(by_series.items(), key=lambda kv: order(kv[0])):
+        method, joint, base, selected = series
         marker, line = STYLE.get(method, (".", False))
         line = line and not joint
         face = {"markerfacecolor": "none"} if base else {}  # another baseline: hollow markers
         label = f"{method} (joint)" if joint else method
+        apart = "".join(f", {tag}" for tag in (base, selected and "last checkpoints") if tag)
         if method == "random" and not joint:
             with_split = [r for r in rows if split in r["bleu"]]
-            groups = {k: g for (b, k), g in random_groups(with_split).items() if b == base}
-            label = "random (mean ± sd)" + (f", {base}" if base else "")
+            groups = {
+                k: g for (b, sel, k), g in random_groups(with_split).items()
+                if (b, sel) == (base, selected)
+            }  # fmt: skip
+            label = "random (mean ± sd)" + apart
             xs = list(groups)
             stats = [mean_sd([r["bleu"][split] for r in g]) for g in groups.values()]
             ax.errorbar(
@@ -858,7 +872,7 @@ def plot(rows: list[dict], split: str, path: Path) -> None:
             )  # fmt: skip
             continue
         points.sort()
-        label += f", {base}" if base else ""
+        label += apart
         ax.plot(
             [x for x, _ in points], [y for _, y in points], marker=marker,
             linestyle="-" if line and len(points) > 1 else "none", label=label, **face,

@@ -304,7 +304,18 @@ def test_controls_at_a_head_count_without_a_pruned_run(quickstart_work, raw_dir)
         "controls.sh", work, raw_dir, **settings, BUDGET="enc-self:3", CONTROLS="random", SEEDS="7"
     )
     assert (run / "train.log").read_text() == before
+    # the same run's last checkpoint (a pruning run's rule), evaluated apart: nothing retrained
+    _run("controls.sh", work, raw_dir, **settings, BUDGET="3", CONTROLS="random", SEEDS="7",
+         CONTROL_CHECKPOINT="last")  # fmt: skip
+    assert (run / "train.log").read_text() == before
+    last = work / "eval" / "random-s7-k3-last"
+    assert (last / "checkpoint").read_text().strip() == str((run / "checkpoint_last.pt").resolve())
+    record = json.loads((last / "model.json").read_text())
+    assert (record["method"], record["seed"], record["selected"]) == ("random", 7, "last")
+    assert record["checkpoint"] == str((run / "checkpoint_last.pt").resolve())
+    assert json.loads((last / "test_2016_flickr.json").read_text())["sentences"] > 0
     for extra, message in [
+        (dict(BUDGET="3", CONTROL_CHECKPOINT="final"), "best, last or both, not 'final'"),
         (dict(BUDGET="3", CONTROLS="masked"), "needs the pruned run's heads"),
         (dict(BUDGET="3", PRUNED=str(work / "baseline" / "checkpoint_best.pt")), "not both"),
         (dict(BUDGET="9", CONTROLS="random"), "enc-self has 8 heads, not 9"),
@@ -530,6 +541,41 @@ def test_report_tests_each_control_against_its_pruning_run(tmp_path, monkeypatch
     report.main(["--work-dir", str(tmp_path), "--tgt", "de"])
     assert "## Controls against" not in (tmp_path / "report" / "report.md").read_text()
     assert not (tmp_path / "report" / "paired_controls.json").exists()
+
+
+def test_report_averages_best_and_last_checkpoints_apart(tmp_path, monkeypatch):
+    """Random draws evaluated at their best and at their last checkpoints (controls.sh's
+    CONTROL_CHECKPOINT) are two samples: one mean ± sd each, and last ones labelled so."""
+    monkeypatch.syspath_prepend(str(REPO / "recipes"))
+    import statistics
+
+    import report
+
+    heads = {"enc-self": [2, 8], "dec-self": [4, 4], "dec-enc": [4, 4]}
+    bleu = {("1", ""): 30.0, ("2", ""): 31.0, ("1", "last"): 33.0, ("2", "last"): 36.0}
+    for (seed, selected), score in bleu.items():
+        folder = tmp_path / "eval" / f"random-s{seed}-k2{'-last' if selected else ''}"
+        folder.mkdir(parents=True)
+        record = {"method": "random", "seed": int(seed), "heads": heads}
+        (folder / "model.json").write_text(
+            json.dumps(record | ({"selected": "last"} if selected else {}))
+        )
+        (folder / "test_2016_flickr.json").write_text(json.dumps({"bleu": score}))
+    report.main(["--work-dir", str(tmp_path), "--tgt", "de"])
+    text = (tmp_path / "report" / "report.md").read_text()
+    section = text.split("## Random heads")[1].split("\n## ")[0]
+    rows = [line for line in section.splitlines() if line.startswith("| baseline")]
+    for values, made_from in (
+        ([30.0, 31.0], "baseline"),
+        ([33.0, 36.0], "baseline, last checkpoints"),
+    ):
+        m, sd = statistics.mean(values), statistics.stdev(values)
+        assert any(
+            line.startswith(f"| {made_from} | 2 | 2 | {m:.2f} ± {sd:.2f} |") for line in rows
+        )
+    assert len(rows) == 2
+    row = next(line for line in text.splitlines() if line.startswith("| random-s2-k2-last |"))
+    assert "| seed 2, last checkpoint |" in row
 
 
 def test_full_study_in_one_command(quickstart_work, raw_dir):

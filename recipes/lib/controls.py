@@ -19,8 +19,10 @@ Subcommands (each writes JSON that ``fairseq-headprune export --mask`` reads):
   The steps (heads removed, mean validation NLL) go to ``MASK`` next to the mask, under
   ``"steps"``.
 - ``record --eval-dir DIR --method M --checkpoint CKPT --kept HEADS_JSON [--seed S]
-  [--setting TEXT] [--baseline NAME]``: write ``DIR/model.json``, which ``recipes/report.py``
-  reads (with the kept and total heads per attention type, counted from CKPT).
+  [--setting TEXT] [--baseline NAME] [--selected last]``: write ``DIR/model.json``, which
+  ``recipes/report.py`` reads (with the kept and total heads per attention type, counted from
+  CKPT; ``"selected": "last"`` for a run's last checkpoint, whose random draws it averages
+  apart from those of best checkpoints).
 """
 
 from __future__ import annotations
@@ -154,7 +156,7 @@ def cmd_record(args: argparse.Namespace) -> None:
     record["heads"] = {
         s: [sum(map(len, rows)), totals[s]] for s, rows in record["kept_heads"].items()
     }
-    for key in ("setting", "baseline"):
+    for key in ("setting", "baseline", "selected"):
         if getattr(args, key):
             record[key] = getattr(args, key)
     write_json(str(Path(args.eval_dir) / "model.json"), record)
@@ -195,6 +197,11 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--seed", type=int)
     p.add_argument("--setting", help="the report table's setting column (default: the seed)")
     p.add_argument("--baseline", help="NAME of the evaluated baseline the model was made from")
+    p.add_argument(
+        "--selected",
+        choices=("last",),
+        help="the checkpoint is the run's last, not its best by validation nll (the default)",
+    )
     p.set_defaults(func=cmd_record)
     args = parser.parse_args(argv)
     args.func(args)

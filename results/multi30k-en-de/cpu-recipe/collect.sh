@@ -59,7 +59,8 @@ out.write_text(json.dumps(record, indent=1) + "\n")
 PY
   fi
 done
-# the controls' last checkpoints, evaluated by hand beside run.sh (which evaluates their best):
+# the controls' last checkpoints, evaluated by hand beside run.sh (which evaluated only their
+# best until the twenty-ninth session; it now evaluates both, as eval/<control>-last):
 # WORK_DIR=$W/eval-last-work DATA_BIN=$W/data-bin SUBSETS="valid test test1 test2"
 #   recipes/evaluate.sh <control>-last $W/controls/<control>/checkpoint_last.pt
 # (with $W/eval-last-work/raw -> $W/raw), kept apart so that report.py does not list them

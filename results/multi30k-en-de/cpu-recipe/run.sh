@@ -51,8 +51,11 @@ bench() {  # NAME PRUNE_DIR
     | tee "$out.txt"
   mv "$out.json.tmp" "$out.json"
 }
+# The fine-tuned controls at both checkpoints: their best by validation nll, and their last,
+# the rule of the pruning runs they are tested against (from the twenty-ninth session on;
+# before, the last ones were evaluated by hand: collect.sh's eval-last/).
 ctl() { BASELINE="$B" PRUNED=$P/enc-self-k$1/checkpoint_last.pt CONTROLS="$2" SEEDS="1 2 3" \
-  bash recipes/controls.sh; }
+  CONTROL_CHECKPOINT=both bash recipes/controls.sh; }
 # Done in sessions 13-16 and committed (docs/results.md; eval/, prune/, controls/ here): the
 # 10-head run, its lambda = 0 control and its controls. The seventeenth session's new machine
 # lost that run folder and retrains the baseline with the same seed and settings. On this
