@@ -18,6 +18,8 @@
 #                 frozen) ["0.03"]; "" skips them
 #   CONTROLS      controls.sh's controls at each encoder-only run's budget
 #                 ["masked refit scratch random michel lrp"]; "" skips them
+#   CONTROL_CHECKPOINT  the fine-tuned controls' checkpoints evaluated [both: the best by
+#                 validation nll, and the last as <name>-last, the pruning runs' own rule]
 #   BASELINE_EPOCHS [55]  PRUNE_EPOCHS (= FT_EPOCHS of the controls) [10]
 #   SCORE_SENTENCES valid sentences for the baseline's head scores [2000, i.e. all]
 # Outputs: $WORK_DIR/{baseline,prune,controls,eval,scores-baseline,report}; the report is
@@ -31,6 +33,7 @@ LAMBDAS="${LAMBDAS:-0.01 0.02 0.03 0.05}"
 TARGETS="${TARGETS:-}"
 JOINT_LAMBDAS="${JOINT_LAMBDAS-0.03}"
 CONTROLS="${CONTROLS-masked refit scratch random michel lrp}"
+CONTROL_CHECKPOINT="${CONTROL_CHECKPOINT:-both}"
 BASELINE_EPOCHS="${BASELINE_EPOCHS:-$BASELINE_EPOCHS_DEFAULT}"
 PRUNE_EPOCHS="${PRUNE_EPOCHS:-10}"
 SCORE_SENTENCES="${SCORE_SENTENCES:-2000}"
@@ -77,6 +80,7 @@ done
 if [[ -n "$CONTROLS" ]]; then
   for dir in "${encoder_runs[@]}"; do
     PRUNED="$dir/checkpoint_last.pt" CONTROLS="$CONTROLS" FT_EPOCHS="$PRUNE_EPOCHS" \
+      CONTROL_CHECKPOINT="$CONTROL_CHECKPOINT" \
       SCRATCH_EPOCHS="$BASELINE_EPOCHS" SCORE_SENTENCES="$SCORE_SENTENCES" \
       bash "$HERE/controls.sh"
   done

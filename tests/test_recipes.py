@@ -604,6 +604,9 @@ def test_full_study_in_one_command(quickstart_work, raw_dir):
     assert budget_point.startswith("| ~4 encoder heads |")  # 2 of 8: within half of 4
     # controls at the budget of each encoder-only run (k2: the exact-budget run)
     assert (work / "eval" / "random-s1-k2" / "test_2016_flickr.json").exists()
+    last = json.loads((work / "eval" / "random-s1-k2-last" / "model.json").read_text())
+    assert last["selected"] == "last" and last["checkpoint"].endswith("checkpoint_last.pt")
+    assert "| random-s1-k2-last | random | seed 1, last checkpoint |" in report
     assert (work / "eval" / "masked-enc-self-k2-checkpoint_last" / "model.json").exists()
     for run in ("enc-self-l0.05", "enc-self-k2", "joint-l0.05"):
         trajectory = (work / "report" / f"trajectory-{run}.txt").read_text()
