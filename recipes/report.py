@@ -164,15 +164,17 @@ def collect(work: Path, models: dict[str, str]) -> list[dict]:
             if rec.get("run_dir"):  # relative to this folder
                 row["run_dir"] = str(folder / rec["run_dir"])
             ckpt = rec.get("checkpoint")
-            if rec.get("kept_heads") is not None and ckpt and Path(ckpt).is_file():
-                # totals (and any closed gate) from the checkpoint
-                info = checkpoint_info(Path(ckpt), rec["kept_heads"])
-                row["heads"], row["kept"] = info["heads"], info["kept"]
-            elif rec.get("heads"):  # counted where the checkpoint was: {site: [kept, total]}
+            if rec.get("heads"):  # counted where the checkpoint was: {site: [kept, total]}
+                # (kept_heads are then the surviving heads, after any closed gate: a gated
+                # checkpoint's gates must not be applied to them again)
                 row["heads"] = {s: list(v) for s, v in rec["heads"].items()}
                 row["gated"] = rec.get("gated", [])
                 if rec.get("kept_heads"):  # which heads (the surviving-heads section)
                     row["kept"] = rec["kept_heads"]
+            elif rec.get("kept_heads") is not None and ckpt and Path(ckpt).is_file():
+                # totals (and any closed gate) from the checkpoint
+                info = checkpoint_info(Path(ckpt), rec["kept_heads"])
+                row["heads"], row["kept"] = info["heads"], info["kept"]
             elif rec.get("kept_heads") is not None:
                 row["heads"] = {s: [sum(map(len, v)), None] for s, v in rec["kept_heads"].items()}
         else:

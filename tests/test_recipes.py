@@ -380,6 +380,16 @@ def test_report_reads_a_record_made_where_the_checkpoint_was(tmp_path, monkeypat
     lines = report.heads_markdown(rows, scores)
     # kept: 0:1 and 1:0, whose relevance is (0.4 + 0.3) / 2.0 of the layers' total
     assert "| pruned-k2 | enc-self | 0:1 lrp 0.40 (positional), 1:0 lrp 0.30 | 0.35 |" in lines
+    # the same record with its gated checkpoint still here: the recorded survivors stand (the
+    # checkpoint's gates index all of a layer's heads, not the survivors)
+    (tmp_path / "here.pt").write_bytes(b"")
+    (folder / "model.json").write_text(
+        json.dumps({**record, "checkpoint": str(tmp_path / "here.pt")})
+    )
+    monkeypatch.setattr(report, "checkpoint_info", lambda *a: pytest.fail("gates applied twice"))
+    row = {r["name"]: r for r in report.collect(tmp_path, {})}["pruned-k2"]
+    assert report.fmt_heads(row) == "2/4" and row["gated"] == ["enc-self"]
+    assert row["kept"] == {"enc-self": [[1], [0]]}
 
 
 def synthetic_references(work: Path) -> tuple[list[str], list[str]]:

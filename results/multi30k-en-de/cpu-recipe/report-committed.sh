@@ -1,22 +1,51 @@
 #!/usr/bin/env bash
-# The third baseline's report from the files committed here, its run folder being gone:
-# recipes/report.py over third-baseline/eval/ (4 heads, joint pruning, their controls) and,
-# as first-<name> (hollow markers, differences to first-baseline), the first baseline's
-# evaluations in eval/ (10 heads and its controls), with the third baseline's head scores and
+# A study's report from the files committed here, its run folder being gone:
+# recipes/report.py over STUDY/eval/ (third-baseline: 4 heads, joint pruning, their controls;
+# fourth-baseline: 4 heads and its controls) and STUDY/eval-last/ (the controls' last
+# checkpoints, evaluated by hand: their model.json is the control's own, with "selected":
+# "last"), and, as first-<name> (hollow markers, differences to first-baseline), the first
+# baseline's evaluations in eval/ (10 heads and its controls), with STUDY's head scores and
 # gate trajectories (model.json "run_dir"). The raw text (length buckets, paired tests) is
 # RAW_DIR's: Multi30k as prepare.sh reads it (default ../shared/data/multi30k next to the
-# repository, else WORK_DIR/raw of a prepared run folder). Writes third-baseline/report/.
+# repository, else WORK_DIR/raw of a prepared run folder). Writes STUDY/report/.
+#   STUDY   [third-baseline] or fourth-baseline
 set -euo pipefail
 HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 ROOT="$(cd "$HERE/../../.." && pwd)"
+STUDY="$HERE/${STUDY:-third-baseline}"
+[[ -d $STUDY/eval ]] || { echo "error: no evaluations in $STUDY/eval" >&2; exit 1; }
 RAW_DIR="${RAW_DIR:-$ROOT/../shared/data/multi30k}"
 [[ -d $RAW_DIR ]] || RAW_DIR="${WORK_DIR:-$HOME/headprune-runs/multi30k-conv3}/raw"
 [[ -f $RAW_DIR/test_2016_flickr.de ]] || { echo "error: no Multi30k raw text in $RAW_DIR (set RAW_DIR)" >&2; exit 1; }
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
 mkdir "$work/eval"
-for d in "$HERE"/third-baseline/eval/*/; do ln -s "$d" "$work/eval/$(basename "$d")"; done
+for d in "$STUDY"/eval/*/; do ln -s "$d" "$work/eval/$(basename "$d")"; done
 for d in "$HERE"/eval/*/; do ln -s "$d" "$work/eval/first-$(basename "$d")"; done
+if [[ -d $STUDY/eval-last ]]; then
+  "$ROOT/.venv/bin/python" - "$STUDY" "$work/eval" <<'PY'
+import json, sys
+from pathlib import Path
+
+study, out = Path(sys.argv[1]), Path(sys.argv[2])
+# a control's evaluations by the folder of its checkpoint (controls/<control>/)
+records = {}
+for f in sorted(study.glob("eval/*/model.json")):
+    rec = json.loads(f.read_text())
+    if rec.get("checkpoint"):
+        records[str(Path(rec["checkpoint"]).parent)] = rec
+for d in sorted(p for p in (study / "eval-last").iterdir() if p.is_dir()):
+    ckpt = (d / "checkpoint").read_text().strip()
+    rec = records.get(str(Path(ckpt).parent))
+    if rec is None:
+        sys.exit(f"error: no evaluation in {study}/eval of the run of {ckpt} ({d.name})")
+    folder = out / d.name
+    folder.mkdir()
+    for f in d.iterdir():
+        (folder / f.name).symlink_to(f.resolve())
+    (folder / "model.json").write_text(json.dumps({**rec, "checkpoint": ckpt, "selected": "last"}))
+PY
+fi
 "$ROOT/.venv/bin/python" "$ROOT/recipes/report.py" --work-dir "$work" --raw-dir "$RAW_DIR" \
-  --scores "$HERE/third-baseline/scores-baseline/heads.json" \
-  --out-dir "$HERE/third-baseline/report" "$@"
+  --scores "$STUDY/scores-baseline/heads.json" \
+  --out-dir "$STUDY/report" "$@"
