@@ -708,6 +708,44 @@ def test_report_from_committed_files(quickstart_work, tmp_path, monkeypatch):
         report.main(["--work-dir", str(committed), "--raw-dir", str(tmp_path / "none")])
 
 
+def test_report_committed_reads_the_controls_last_checkpoints(tmp_path):
+    """report-committed.sh on a study's committed files: a control's hand-evaluated last
+    checkpoint (eval-last/) joins the report with its control's record, and is tested
+    against the pruning run; one whose run has no evaluation in the study is an error."""
+    if not SHARED.is_dir():
+        pytest.skip("needs the Multi30k test sets the committed hypotheses were scored on")
+    committed = REPO / "results" / "multi30k-en-de" / "cpu-recipe"
+    fourth = committed / "fourth-baseline"
+    study = tmp_path / "study"
+    parts = ["eval/baseline", "eval/pruned-k4", "eval/random-s2-k4", "eval-last/random-s2-k4-last"]
+    for part in parts + ["prune/enc-self-k4", "scores-baseline"]:
+        shutil.copytree(fourth / part, study / part)
+    command = ["bash", str(committed / "report-committed.sh"), "--out-dir", str(tmp_path / "out")]
+    env = {**os.environ, "STUDY": str(study), "RAW_DIR": str(SHARED)}
+    proc = subprocess.run(command, env=env, capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    text = (tmp_path / "out" / "report.md").read_text()
+    last = fourth / "eval-last" / "random-s2-k4-last"
+    splits = ("val", "test_2016_flickr", "test_2017_flickr", "test_2017_mscoco")
+    bleu = [str(json.loads((last / f"{s}.json").read_text())["bleu"]) for s in splits]
+    row = next(line for line in text.splitlines() if line.startswith("| random-s2-k4-last |"))
+    assert (
+        row
+        == f"| random-s2-k4-last | random | seed 2, last checkpoint | 4/48 | {' | '.join(bleu)} |"
+    )
+    pairs = json.loads((tmp_path / "out" / "paired_controls.json").read_text())["pairs"]
+    pairs = {p["model"]: p for p in pairs}
+    assert set(pairs) == {"random-s2-k4", "random-s2-k4-last"}
+    assert {p["against"] for p in pairs.values()} == {"pruned-k4"}
+    refs = (SHARED / "test_2016_flickr.de").read_text().splitlines()
+    hyps = (last / "test_2016_flickr.hyp").read_text().splitlines()
+    assert pairs["random-s2-k4-last"]["bleu"] == round(BLEU().corpus_score(hyps, [refs]).score, 2)
+    shutil.rmtree(study / "eval" / "random-s2-k4")  # the control's own evaluation gone
+    proc = subprocess.run(command, env=env, capture_output=True, text=True)
+    assert proc.returncode != 0
+    assert "no evaluation in" in proc.stderr and "(random-s2-k4-last)" in proc.stderr
+
+
 def test_report_differences_are_to_each_models_own_baseline(tmp_path, monkeypatch):
     """Models made from another baseline (model.json "baseline") are compared with it."""
     monkeypatch.syspath_prepend(str(REPO / "recipes"))

@@ -8,11 +8,12 @@
 # gate trajectories (model.json "run_dir"). The raw text (length buckets, paired tests) is
 # RAW_DIR's: Multi30k as prepare.sh reads it (default ../shared/data/multi30k next to the
 # repository, else WORK_DIR/raw of a prepared run folder). Writes STUDY/report/.
-#   STUDY   [third-baseline] or fourth-baseline
+#   STUDY   [third-baseline], fourth-baseline, or the path of a folder laid out as they are
 set -euo pipefail
 HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 ROOT="$(cd "$HERE/../../.." && pwd)"
-STUDY="$HERE/${STUDY:-third-baseline}"
+STUDY="${STUDY:-third-baseline}"
+[[ $STUDY == /* ]] || STUDY="$HERE/$STUDY"
 [[ -d $STUDY/eval ]] || { echo "error: no evaluations in $STUDY/eval" >&2; exit 1; }
 RAW_DIR="${RAW_DIR:-$ROOT/../shared/data/multi30k}"
 [[ -d $RAW_DIR ]] || RAW_DIR="${WORK_DIR:-$HOME/headprune-runs/multi30k-conv3}/raw"
