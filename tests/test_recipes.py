@@ -740,6 +740,16 @@ def test_report_committed_reads_the_controls_last_checkpoints(tmp_path):
     refs = (SHARED / "test_2016_flickr.de").read_text().splitlines()
     hyps = (last / "test_2016_flickr.hyp").read_text().splitlines()
     assert pairs["random-s2-k4-last"]["bleu"] == round(BLEU().corpus_score(hyps, [refs]).score, 2)
+    # the same checkpoint evaluated by run.sh too (eval/<name>-last with its record): listed once
+    shutil.copytree(last, study / "eval" / "random-s2-k4-last")
+    record = json.loads((study / "eval" / "random-s2-k4" / "model.json").read_text())
+    record.update(checkpoint=(last / "checkpoint").read_text().strip(), selected="last")
+    (study / "eval" / "random-s2-k4-last" / "model.json").write_text(json.dumps(record))
+    proc = subprocess.run(command, env=env, capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    text = (tmp_path / "out" / "report.md").read_text()
+    assert text.count(row) == 1
+    shutil.rmtree(study / "eval" / "random-s2-k4-last")
     shutil.rmtree(study / "eval" / "random-s2-k4")  # the control's own evaluation gone
     proc = subprocess.run(command, env=env, capture_output=True, text=True)
     assert proc.returncode != 0

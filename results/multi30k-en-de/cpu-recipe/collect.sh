@@ -63,7 +63,8 @@ done
 # best until the twenty-ninth session; it now evaluates both, as eval/<control>-last):
 # WORK_DIR=$W/eval-last-work DATA_BIN=$W/data-bin SUBSETS="valid test test1 test2"
 #   recipes/evaluate.sh <control>-last $W/controls/<control>/checkpoint_last.pt
-# (with $W/eval-last-work/raw -> $W/raw), kept apart so that report.py does not list them
+# (with $W/eval-last-work/raw -> $W/raw), kept apart from eval/ (they have no model.json;
+# report-committed.sh gives them their control's)
 for d in "$W"/eval-last-work/eval/*/; do
   o="$OUT/eval-last/$(basename "$d")"; mkdir -p "$o"
   cp "$d"/*.json "$d"/*.hyp "$d"/checkpoint "$o"/

@@ -3,7 +3,7 @@
 # recipes/report.py over STUDY/eval/ (third-baseline: 4 heads, joint pruning, their controls;
 # fourth-baseline: 4 heads and its controls) and STUDY/eval-last/ (the controls' last
 # checkpoints, evaluated by hand: their model.json is the control's own, with "selected":
-# "last"), and, as first-<name> (hollow markers, differences to first-baseline), the first
+# "last"; where eval/ has the same name, run.sh's own evaluation, that one), and, as first-<name> (hollow markers, differences to first-baseline), the first
 # baseline's evaluations in eval/ (10 heads and its controls), with STUDY's head scores and
 # gate trajectories (model.json "run_dir"). The raw text (length buckets, paired tests) is
 # RAW_DIR's: Multi30k as prepare.sh reads it (default ../shared/data/multi30k next to the
@@ -36,6 +36,8 @@ for f in sorted(study.glob("eval/*/model.json")):
     if rec.get("checkpoint"):
         records[str(Path(rec["checkpoint"]).parent)] = rec
 for d in sorted(p for p in (study / "eval-last").iterdir() if p.is_dir()):
+    if (out / d.name).exists():  # run.sh evaluated it itself (CONTROL_CHECKPOINT=both)
+        continue
     ckpt = (d / "checkpoint").read_text().strip()
     rec = records.get(str(Path(ckpt).parent))
     if rec is None:
