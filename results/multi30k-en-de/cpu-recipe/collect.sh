@@ -64,8 +64,10 @@ done
 # WORK_DIR=$W/eval-last-work DATA_BIN=$W/data-bin SUBSETS="valid test test1 test2"
 #   recipes/evaluate.sh <control>-last $W/controls/<control>/checkpoint_last.pt
 # (with $W/eval-last-work/raw -> $W/raw), kept apart from eval/ (they have no model.json;
-# report-committed.sh gives them their control's)
+# report-committed.sh gives them their control's); one that run.sh evaluated too (the same
+# checkpoint, the same hypotheses) is left to eval/, with run.sh's record
 for d in "$W"/eval-last-work/eval/*/; do
+  [[ -d $W/eval/$(basename "$d") ]] && continue
   o="$OUT/eval-last/$(basename "$d")"; mkdir -p "$o"
   cp "$d"/*.json "$d"/*.hyp "$d"/checkpoint "$o"/
 done
