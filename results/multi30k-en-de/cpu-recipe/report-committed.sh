@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # A study's report from the files committed here, its run folder being gone:
 # recipes/report.py over STUDY/eval/ (third-baseline: 4 heads, joint pruning, their controls;
-# fourth-baseline: 4 heads and its controls) and STUDY/eval-last/ (the controls' last
+# fourth-baseline: the same, every 4-head control) and STUDY/eval-last/ (the controls' last
 # checkpoints, evaluated by hand: their model.json is the control's own, with "selected":
 # "last"; where eval/ has the same name, run.sh's own evaluation, that one), and, as first-<name> (hollow markers, differences to first-baseline), the first
 # baseline's evaluations in eval/ (10 heads and its controls), with STUDY's head scores and
