@@ -21,7 +21,7 @@
 #                its best checkpoint can predate the closing of its gates; evaluated as
 #                <name>-last) or both. scratch, like the baseline, is evaluated at its best.
 #   SCRATCH_EPOCHS  epochs of the from-scratch run [the baseline's: the epochs completed by
-#                the checkpoint_last.pt next to BASELINE; 55 without one]
+#                the checkpoint_last.pt next to BASELINE, else by BASELINE itself]
 #   SCORE_SENTENCES valid sentences for the LRP and importance scores [2000, i.e. all]
 #   MICHEL_STEP  heads removed per importance step [0: 10 % of the type's heads]
 #   SUBSETS, BEAM, BATCH_SIZE: see evaluate.sh; MAX_TOKENS, EXTRA_ARGS: passed to
@@ -166,9 +166,9 @@ for control in $CONTROLS; do
         if [[ -f "$last" ]]; then
           SCRATCH_EPOCHS="$(python "$HERE/lib/epochs_trained.py" "$last")"
           log "from scratch for $SCRATCH_EPOCHS epochs, as many as the baseline ($last)"
-        else
-          SCRATCH_EPOCHS="$BASELINE_EPOCHS_DEFAULT"
-          log "from scratch for $SCRATCH_EPOCHS epochs (no $last to count the baseline's)"
+        else  # e.g. the committed baseline, saved without its run folder
+          SCRATCH_EPOCHS="$(python "$HERE/lib/epochs_trained.py" "$BASELINE")"
+          log "from scratch for $SCRATCH_EPOCHS epochs, as many as $BASELINE had trained"
         fi
       fi
       BASELINE_DIR="$run" MAX_EPOCH="$SCRATCH_EPOCHS" ARCH=gated_transformer NORM=post \

@@ -7,7 +7,9 @@
 # --kept-heads PRUNED_CKPT.heads.json, the other model flags read from the checkpoint.
 #
 # Settings (environment variables, defaults in brackets; as in prune.sh):
-#   MAX_EPOCH [10]   LR [5e-4] (fixed)   MAX_TOKENS [4096]   EXTRA_ARGS (appended)
+#   MAX_EPOCH [10]   LR [5e-4] (fixed)   MAX_TOKENS [4096]   SEED [1]   EXTRA_ARGS (appended)
+#   PATIENCE        stop after N epochs without a better validation nll (fairseq's
+#                   --patience; the best checkpoint is kept) [0: run all MAX_EPOCH epochs]
 #   FREEZE_DECODER  1: train the encoder only, as prune.sh does [1]. gated_transformer's
 #                   --freeze-decoder needs enc-self gates, so the model gets them with
 #                   --head-gate-init-log-alpha GATE_INIT [20]: a gate is then exactly 1 in
@@ -26,6 +28,8 @@ LR="${LR:-5e-4}"
 MAX_TOKENS="${MAX_TOKENS:-4096}"
 FREEZE_DECODER="${FREEZE_DECODER:-1}"
 GATE_INIT="${GATE_INIT:-20}"
+SEED="${SEED:-1}"
+PATIENCE="${PATIENCE:-0}"
 EXTRA_ARGS="${EXTRA_ARGS:-}"
 
 [[ -f "$pruned" && -f "$pruned.heads.json" ]] || die "no exported model at $pruned(.heads.json)"
@@ -44,7 +48,8 @@ fairseq-train "$DATA_BIN" --user-dir "$USER_DIR" \
   --criterion label_smoothed_cross_entropy --label-smoothing 0.1 \
   --optimizer adam --adam-betas '(0.9, 0.98)' --clip-norm 1.0 \
   --lr "$LR" --lr-scheduler fixed --weight-decay 0.0001 \
-  --max-tokens "$MAX_TOKENS" --max-epoch "$MAX_EPOCH" --seed 1 \
+  --max-tokens "$MAX_TOKENS" --max-epoch "$MAX_EPOCH" --seed "$SEED" \
   --save-dir "$run" --no-epoch-checkpoints --best-checkpoint-metric nll_loss \
-  --log-format simple --log-interval 50 $EXTRA_ARGS 2>&1 | tee -a "$run/train.log"
+  --patience "$PATIENCE" --log-format simple --log-interval 50 $EXTRA_ARGS 2>&1 \
+  | tee -a "$run/train.log"
 touch "$run/DONE"

@@ -1,47 +1,78 @@
 #!/usr/bin/env bash
-# The whole study of Voita et al. 2019 on Multi30k in one command: prepare -> stock baseline ->
-# encoder-only pruning for a sweep of λ (and exact budgets) with the decoder frozen -> joint
-# pruning of all three attention types -> the paper's controls at each pruned run's head
-# count -> sacreBLEU of every model on the three test sets -> report (table, BLEU-vs-heads
-# plot, BLEU by source length, when each gate closed against the baseline's head scores).
+# The whole study of Voita et al. 2019 on Multi30k in one command: prepare -> the baseline ->
+# encoder-only pruning (λ sweep and exact budgets, decoder frozen) -> joint pruning of all
+# three attention types (λ sweep and exact total budgets, decoder trained) -> phase 2 of the
+# two-phase protocol -> the paper's controls at each encoder-only budget -> sacreBLEU of every
+# model on validation and the three test sets -> report.
+#
+# The baseline is the committed one (models/multi30k-en-de/baseline.pt, with its
+# SentencePiece model and dictionary) unless BASELINE names another checkpoint or
+# TRAIN_BASELINE=1 trains a new one with recipes/train_baseline.sh.
+#
+# Two-phase protocol (PHASE2_EPOCHS > 0, the default): phase 1 trains the gates
+# (recipes/prune.sh, PRUNE_EPOCHS); phase 2 fixes the structure they chose (export) and
+# fine-tunes the physically smaller model without gates or penalty (recipes/finetune_pruned.sh)
+# for up to PHASE2_EPOCHS epochs, stopping after PATIENCE epochs without a better validation
+# nll, checkpoint by validation nll, once per seed in PHASE2_SEEDS. The controls get exactly
+# that fine-tuning (same epochs, patience, checkpoint rule). Evaluated as <run>-s<seed>
+# (phase 2) and <run> (phase 1's last checkpoint: the one-phase model). PHASE2_EPOCHS=0 is
+# the one-phase path (controls then fine-tuned PRUNE_EPOCHS epochs, CONTROL_CHECKPOINT).
 #
 # Each step is one of the other recipes (read their headers for the fairseq commands and
 # their settings, which pass through); every step skips finished work, so rerunning the
-# command continues an interrupted study. On 2 CPU cores the defaults take days (a pruning
-# run is about 40 minutes, the baseline and each from-scratch control about 4 hours); a GPU
-# runs the same commands unchanged.
+# command continues an interrupted study. On 2 CPU cores a pruning run or a fine-tuning is
+# 40-90 minutes and a from-scratch control hours; a GPU runs the same commands unchanged.
 #
 # Settings (environment variables, defaults in brackets):
-#   LAMBDAS       encoder-only --l0-lambda sweep ["0.01 0.02 0.03 0.05"]
-#   TARGETS       encoder-only --target-heads runs, e.g. "10 4" [""]
-#   JOINT_LAMBDAS λ of the joint runs (HEAD_GATES enc-self,dec-self,dec-enc, decoder not
-#                 frozen) ["0.03"]; "" skips them
+#   BASELINE      the stock model pruned [models/multi30k-en-de/baseline.pt]
+#   TRAIN_BASELINE  1: train a baseline (BASELINE_EPOCHS) in $WORK_DIR/baseline instead [0]
+#   LAMBDAS       encoder-only --l0-lambda sweep [""]
+#   TARGETS       encoder-only --target-heads runs ["10 4"]
+#   JOINT_LAMBDAS λ of joint runs (HEAD_GATES enc-self,dec-self,dec-enc, decoder trained),
+#                 0 being the joint control with every head kept ["0"]
+#   JOINT_TARGETS exact total budgets of joint runs, heads kept of 96 ["50 38 24 17": about
+#                 48, 60, 75 and 82 % pruned]
 #   CONTROLS      controls.sh's controls at each encoder-only run's budget
 #                 ["masked refit scratch random michel lrp"]; "" skips them
-#   CONTROL_CHECKPOINT  the fine-tuned controls' checkpoints evaluated [both: the best by
-#                 validation nll, and the last as <name>-last, the pruning runs' own rule]
-#   BASELINE_EPOCHS [55]  PRUNE_EPOCHS (= FT_EPOCHS of the controls) [10]
-#   SCORE_SENTENCES valid sentences for the baseline's head scores [2000, i.e. all]
-# Outputs: $WORK_DIR/{baseline,prune,controls,eval,scores-baseline,report}; the report is
-# $WORK_DIR/report/report.md with trajectory-<run>.txt per pruning run.
+#   PRUNE_EPOCHS  phase 1 (gated) epochs [10]
+#   PHASE2_EPOCHS [30]  PATIENCE [3]  PHASE2_SEEDS ["1 2 3"]
+#   CONTROL_CHECKPOINT  with PHASE2_EPOCHS=0: the controls' checkpoints evaluated [both]
+#   BASELINE_EPOCHS [55]  SCORE_SENTENCES valid sentences for head scores [2000, i.e. all]
+# Outputs: $WORK_DIR/{prune,controls,eval,scores-baseline,report}.
 set -euo pipefail
 HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 source "$HERE/lib/common.sh"
 export WORK_DIR SRC TGT DATA_BIN
 
-LAMBDAS="${LAMBDAS:-0.01 0.02 0.03 0.05}"
-TARGETS="${TARGETS:-}"
-JOINT_LAMBDAS="${JOINT_LAMBDAS-0.03}"
+COMMITTED="$REPO_ROOT/models/multi30k-en-de"
+TRAIN_BASELINE="${TRAIN_BASELINE:-0}"
+LAMBDAS="${LAMBDAS-}"
+TARGETS="${TARGETS-10 4}"
+JOINT_LAMBDAS="${JOINT_LAMBDAS-0}"
+JOINT_TARGETS="${JOINT_TARGETS-50 38 24 17}"
 CONTROLS="${CONTROLS-masked refit scratch random michel lrp}"
-CONTROL_CHECKPOINT="${CONTROL_CHECKPOINT:-both}"
 BASELINE_EPOCHS="${BASELINE_EPOCHS:-$BASELINE_EPOCHS_DEFAULT}"
 PRUNE_EPOCHS="${PRUNE_EPOCHS:-10}"
+PHASE2_EPOCHS="${PHASE2_EPOCHS:-30}"
+PATIENCE="${PATIENCE:-3}"
+PHASE2_SEEDS="${PHASE2_SEEDS:-1 2 3}"
+CONTROL_CHECKPOINT="${CONTROL_CHECKPOINT:-both}"
 SCORE_SENTENCES="${SCORE_SENTENCES:-2000}"
 JOINT_GATES=enc-self,dec-self,dec-enc
 
-bash "$HERE/prepare.sh"
-MAX_EPOCH="$BASELINE_EPOCHS" bash "$HERE/train_baseline.sh"
-export BASELINE="$WORK_DIR/baseline/checkpoint_best.pt"
+if [[ "$TRAIN_BASELINE" == 1 ]]; then
+  bash "$HERE/prepare.sh"
+  MAX_EPOCH="$BASELINE_EPOCHS" bash "$HERE/train_baseline.sh"
+  BASELINE="$WORK_DIR/baseline/checkpoint_best.pt"
+else
+  BASELINE="${BASELINE:-$COMMITTED/baseline.pt}"
+  [[ -f "$BASELINE" ]] || die "no baseline checkpoint at $BASELINE (or set TRAIN_BASELINE=1)"
+  vocab="$(dirname "$BASELINE")"
+  [[ -s "$vocab/spm.model" ]] || die "$vocab has no spm.model: the data must be encoded" \
+    "with the baseline's own SentencePiece model and dictionary"
+  VOCAB_FROM="$vocab" bash "$HERE/prepare.sh"
+fi
+export BASELINE
 bash "$HERE/evaluate.sh" baseline "$BASELINE"
 
 # The baseline's head scores: what the gate trajectories are correlated with.
@@ -50,38 +81,54 @@ scores="$WORK_DIR/scores-baseline"
   --subset valid --metrics lrp,confidence,entropy,positional,rare,importance \
   --max-sentences "$SCORE_SENTENCES" --out "$scores" --force
 
-# Pruning runs: NAME DIR (encoder-only ones also get the controls).
+# Phase 1 (and phase 2) of every pruning run: NAME=DIR (encoder-only ones also get controls).
+[[ "$PHASE2_EPOCHS" -gt 0 ]] || PATIENCE=0  # the one-phase path: as before, all epochs
+export PHASE2_EPOCHS PHASE2_SEEDS PATIENCE  # phase 2 and the controls' fine-tuning alike
 runs=() encoder_runs=()
+prune() {  # NAME DIR [ENV=VALUE ...]: recipes/prune.sh with those settings
+  local name="$1" dir="$2"; shift 2
+  env "$@" PRUNE_DIR="$dir" MAX_EPOCH="$PRUNE_EPOCHS" bash "$HERE/prune.sh"
+  runs+=("$name=$dir")
+}
 for lambda in $LAMBDAS; do
-  dir="$WORK_DIR/prune/enc-self-l$lambda"
-  LAMBDA="$lambda" PRUNE_DIR="$dir" MAX_EPOCH="$PRUNE_EPOCHS" bash "$HERE/prune.sh"
-  runs+=("pruned-l$lambda=$dir") encoder_runs+=("$dir")
+  prune "pruned-l$lambda" "$WORK_DIR/prune/enc-self-l$lambda" LAMBDA="$lambda"
+  encoder_runs+=("$WORK_DIR/prune/enc-self-l$lambda")
 done
 for k in $TARGETS; do
-  dir="$WORK_DIR/prune/enc-self-k$k"
-  TARGET_HEADS="$k" PRUNE_DIR="$dir" MAX_EPOCH="$PRUNE_EPOCHS" bash "$HERE/prune.sh"
-  runs+=("pruned-k$k=$dir") encoder_runs+=("$dir")
+  prune "pruned-k$k" "$WORK_DIR/prune/enc-self-k$k" TARGET_HEADS="$k"
+  encoder_runs+=("$WORK_DIR/prune/enc-self-k$k")
 done
 for lambda in $JOINT_LAMBDAS; do
-  dir="$WORK_DIR/prune/joint-l$lambda"
-  LAMBDA="$lambda" PRUNE_DIR="$dir" HEAD_GATES="$JOINT_GATES" FREEZE_DECODER=0 \
-    MAX_EPOCH="$PRUNE_EPOCHS" bash "$HERE/prune.sh"
-  runs+=("pruned-joint-l$lambda=$dir")
+  prune "pruned-joint-l$lambda" "$WORK_DIR/prune/joint-l$lambda" LAMBDA="$lambda" \
+    HEAD_GATES="$JOINT_GATES" FREEZE_DECODER=0
+done
+for k in $JOINT_TARGETS; do
+  prune "pruned-joint-k$k" "$WORK_DIR/prune/joint-k$k" TARGET_HEADS="$k" \
+    HEAD_GATES="$JOINT_GATES" FREEZE_DECODER=0
 done
 
 mkdir -p "$WORK_DIR/report"
 for run in "${runs[@]}"; do
   name="${run%%=*}" dir="${run#*=}"
   bash "$HERE/evaluate.sh" "$name" "$dir/checkpoint_last.pt"
+  if [[ "$PHASE2_EPOCHS" -gt 0 ]]; then
+    for seed in $PHASE2_SEEDS; do
+      python "$HERE/lib/controls.py" record --eval-dir "$WORK_DIR/eval/$name-s$seed" \
+        --method two-phase --checkpoint "$dir/phase2-s$seed/checkpoint_best.pt" \
+        --kept "$dir/pruned.pt.heads.json" --seed "$seed"
+      bash "$HERE/evaluate.sh" "$name-s$seed" "$dir/phase2-s$seed/checkpoint_best.pt"
+    done
+  fi
   python "$HERE/lib/gate_trajectory.py" "$dir" --scores "$scores/heads.json" \
     > "$WORK_DIR/report/trajectory-$(basename "$dir").txt"
 done
 
 if [[ -n "$CONTROLS" ]]; then
+  ft_epochs="$PRUNE_EPOCHS" checkpoint="$CONTROL_CHECKPOINT"
+  [[ "$PHASE2_EPOCHS" -gt 0 ]] && ft_epochs="$PHASE2_EPOCHS" checkpoint=best
   for dir in "${encoder_runs[@]}"; do
-    PRUNED="$dir/checkpoint_last.pt" CONTROLS="$CONTROLS" FT_EPOCHS="$PRUNE_EPOCHS" \
-      CONTROL_CHECKPOINT="$CONTROL_CHECKPOINT" \
-      SCRATCH_EPOCHS="$BASELINE_EPOCHS" SCORE_SENTENCES="$SCORE_SENTENCES" \
+    PRUNED="$dir/checkpoint_last.pt" CONTROLS="$CONTROLS" FT_EPOCHS="$ft_epochs" \
+      CONTROL_CHECKPOINT="$checkpoint" SCORE_SENTENCES="$SCORE_SENTENCES" \
       bash "$HERE/controls.sh"
   done
 fi

@@ -10,6 +10,9 @@
 #   VOCAB_SIZE  joint SentencePiece vocabulary (default: 8000)
 #   TRAIN_LINES use only the first N training pairs (default: all; the smoke test uses a few hundred)
 #   EVAL_LINES  use only the first N lines of each evaluation split (default: all)
+#   VOCAB_FROM  a folder with spm.model and dict.$SRC.txt (e.g. models/multi30k-en-de, next to
+#               the committed baseline): use that SentencePiece model and dictionary instead of
+#               training new ones, so that token ids match a model trained on them (default: unset)
 # Resumable: every step is skipped when its output exists.
 set -euo pipefail
 HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
@@ -50,6 +53,17 @@ for split in "${SPLITS[@]}"; do
 done
 
 # 1b. joint SentencePiece model on the training data of both languages
+VOCAB_FROM="${VOCAB_FROM:-}"
+dict_args=()
+if [[ -n "$VOCAB_FROM" ]]; then
+  [[ -s "$VOCAB_FROM/spm.model" && -s "$VOCAB_FROM/dict.$SRC.txt" ]] \
+    || die "VOCAB_FROM=$VOCAB_FROM has no spm.model and dict.$SRC.txt"
+  if [[ -s "$spmdir/spm.model" ]] && ! cmp -s "$VOCAB_FROM/spm.model" "$spmdir/spm.model"; then
+    die "$spmdir/spm.model differs from $VOCAB_FROM/spm.model: use a new WORK_DIR"
+  fi
+  cp "$VOCAB_FROM/spm.model" "$spmdir/spm.model"
+  dict_args=(--srcdict "$VOCAB_FROM/dict.$SRC.txt")
+fi
 if [[ ! -s "$spmdir/spm.model" ]]; then
   log "training SentencePiece (vocab $VOCAB_SIZE)"
   python "$HERE/lib/spm.py" train --model-prefix "$spmdir/spm" --vocab-size "$VOCAB_SIZE" \
@@ -71,7 +85,7 @@ if [[ ! -s "$DATA_BIN/dict.$SRC.txt" ]]; then
   fairseq-preprocess --source-lang "$SRC" --target-lang "$TGT" \
     --trainpref "$spmdir/train" --validpref "$spmdir/val" \
     --testpref "$spmdir/test_2016_flickr,$spmdir/test_2017_flickr,$spmdir/test_2017_mscoco" \
-    --joined-dictionary --destdir "$DATA_BIN.tmp" --workers 2
+    --joined-dictionary "${dict_args[@]}" --destdir "$DATA_BIN.tmp" --workers 2
   mv "$DATA_BIN.tmp" "$DATA_BIN"
 fi
 log "prepared: $DATA_BIN (test=test_2016_flickr, test1=test_2017_flickr, test2=test_2017_mscoco)"

@@ -14,7 +14,16 @@
 #   MAX_EPOCH    fine-tuning epochs [10]      LR [5e-4]      GATE_LR_SCALE [20]
 #   TRAJECTORY_INTERVAL  record every gate each N updates in $PRUNE_DIR/gate_trajectory.jsonl
 #                (read by recipes/lib/gate_trajectory.py; 0: off) [25]
+#   SEED         --seed of the gated fine-tuning [1]
 #   EXTRA_ARGS   appended to fairseq-train
+#   PHASE2_EPOCHS  the two-phase protocol [0: off, the one-phase path]: after the gates
+#                (phase 1), the exported model is fine-tuned without gates or penalty for this
+#                many epochs by recipes/finetune_pruned.sh (the controls' fine-tuning, same
+#                budget and checkpoint rule: the best by validation nll), in
+#                $PRUNE_DIR/phase2-s<seed>, the decoder trainable when HEAD_GATES gates a
+#                decoder attention type, frozen otherwise
+#   PHASE2_SEEDS   fine-tuning seeds of phase 2, one run each ["1"]
+#   PATIENCE       phase 2 stops after N epochs without a better validation nll [0: off]
 # The pruned model is $PRUNE_DIR/checkpoint_last.pt, the end of the fine-tuning: fairseq's
 # checkpoint_best.pt (lowest validation nll) can be from before the gates closed, when more
 # heads were open, so it is not the pruned model. `fairseq-headprune export` then writes it
@@ -22,7 +31,8 @@
 # the heads kept): the same translations, a smaller model (stock fairseq-generate loads it
 # with --user-dir). The model flags are read back from the baseline checkpoint. Resumable:
 # fairseq-train continues from $PRUNE_DIR/checkpoint_last.pt; the training is skipped when
-# $PRUNE_DIR/DONE exists, the export when pruned.pt.heads.json does.
+# $PRUNE_DIR/DONE exists, the export when pruned.pt.heads.json does, each phase-2 run when its
+# DONE does.
 set -euo pipefail
 HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 source "$HERE/lib/common.sh"
@@ -44,7 +54,10 @@ MAX_EPOCH="${MAX_EPOCH:-10}"
 LR="${LR:-5e-4}"
 GATE_LR_SCALE="${GATE_LR_SCALE:-20}"
 MAX_TOKENS="${MAX_TOKENS:-4096}"
+SEED="${SEED:-1}"
 EXTRA_ARGS="${EXTRA_ARGS:-}"
+PHASE2_EPOCHS="${PHASE2_EPOCHS:-0}"
+PHASE2_SEEDS="${PHASE2_SEEDS:-1}"
 
 [[ -f "$BASELINE" ]] || die "no baseline checkpoint at $BASELINE (run recipes/train_baseline.sh)"
 export_pruned() {
@@ -54,7 +67,20 @@ export_pruned() {
   log "exported: $PRUNE_DIR/pruned.pt ($(du -h "$PRUNE_DIR/pruned.pt" | cut -f1); the gated" \
     "checkpoint_last.pt with its optimizer state: $(du -h "$PRUNE_DIR/checkpoint_last.pt" | cut -f1))"
 }
-if [[ -f "$PRUNE_DIR/DONE" ]]; then log "already pruned: $PRUNE_DIR"; export_pruned; exit 0; fi
+# Phase 2: the structure fixed, trained without gates to its best validation nll.
+phase2() {
+  [[ "$PHASE2_EPOCHS" -gt 0 ]] || return 0
+  local freeze=1 seed
+  [[ "$HEAD_GATES" == *dec-* ]] && freeze=0
+  for seed in $PHASE2_SEEDS; do
+    MAX_EPOCH="$PHASE2_EPOCHS" SEED="$seed" FREEZE_DECODER="$freeze" LR="$LR" \
+      PATIENCE="${PATIENCE:-0}" \
+      bash "$HERE/finetune_pruned.sh" "$PRUNE_DIR/phase2-s$seed" "$PRUNE_DIR/pruned.pt"
+  done
+}
+if [[ -f "$PRUNE_DIR/DONE" ]]; then
+  log "already pruned: $PRUNE_DIR"; export_pruned; phase2; exit 0
+fi
 mkdir -p "$PRUNE_DIR"
 freeze=(); [[ "$FREEZE_DECODER" == 1 ]] && freeze=(--freeze-decoder)
 # shellcheck disable=SC2207
@@ -70,9 +96,10 @@ fairseq-train "$DATA_BIN" --user-dir "$USER_DIR" \
   --gate-trajectory-interval "$TRAJECTORY_INTERVAL" \
   --optimizer adam --adam-betas '(0.9, 0.98)' --clip-norm 1.0 \
   --lr "$LR" --lr-scheduler fixed --weight-decay 0.0001 \
-  --max-tokens "$MAX_TOKENS" --max-epoch "$MAX_EPOCH" --seed 1 \
+  --max-tokens "$MAX_TOKENS" --max-epoch "$MAX_EPOCH" --seed "$SEED" \
   --save-dir "$PRUNE_DIR" --no-epoch-checkpoints --best-checkpoint-metric nll_loss \
   --log-format simple --log-interval 50 $EXTRA_ARGS 2>&1 | tee -a "$PRUNE_DIR/train.log"
 fairseq-headprune gates "$PRUNE_DIR/checkpoint_last.pt" | tee "$PRUNE_DIR/gates.txt"
 touch "$PRUNE_DIR/DONE"
 export_pruned
+phase2

@@ -589,14 +589,28 @@ def test_report_averages_best_and_last_checkpoints_apart(tmp_path, monkeypatch):
 
 
 def test_full_study_in_one_command(quickstart_work, raw_dir):
-    """recipes/full.sh: λ sweep, an exact budget, a joint run, controls and the report."""
+    """recipes/full.sh: λ sweep, an exact budget, a joint run, the two-phase protocol,
+    controls with the same fine-tuning, and the report."""
     work = quickstart_work  # K = 2: a run of its own (test_prune_… made enc-self-k3)
     _run(
         "full.sh", work, raw_dir, LAMBDAS="0.05", TARGETS="2", JOINT_LAMBDAS="0.05",
+        JOINT_TARGETS="", TRAIN_BASELINE="1",  # the quickstart's tiny baseline
         CONTROLS="masked random", SEEDS="1", TARGET_WARMUP="2", PRUNE_EPOCHS="8",
         GATE_LR_SCALE="1000",  # gates that close within 8 tiny epochs (32 updates or more)
+        PHASE2_EPOCHS="2", PATIENCE="1", PHASE2_SEEDS="1",
         SCORE_SENTENCES="20", SUBSETS="test",
     )  # fmt: skip
+    # phase 2 of each pruning run, evaluated as <run>-s<seed> with its record
+    two_phase = json.loads((work / "eval" / "pruned-k2-s1" / "model.json").read_text())
+    assert two_phase["method"] == "two-phase" and two_phase["seed"] == 1
+    assert two_phase["checkpoint"].endswith("enc-self-k2/phase2-s1/checkpoint_best.pt")
+    assert (work / "eval" / "pruned-joint-l0.05-s1" / "test_2016_flickr.json").exists()
+    # the controls got phase 2's fine-tuning: the same epochs, patience and checkpoint rule
+    control_log = (work / "controls" / "random-s1-k2" / "train.log").read_text()
+    phase2_log = (work / "prune" / "enc-self-k2" / "phase2-s1" / "train.log").read_text()
+    for setting in ("'max_epoch': 2", "'patience': 1"):
+        assert setting in control_log and setting in phase2_log, setting
+    assert not (work / "eval" / "random-s1-k2-last").exists()
     joint = work / "prune" / "joint-l0.05"
     assert (joint / "DONE").exists()
     log = (joint / "train.log").read_text()
@@ -614,9 +628,6 @@ def test_full_study_in_one_command(quickstart_work, raw_dir):
     assert budget_point.startswith("| ~4 encoder heads |")  # 2 of 8: within half of 4
     # controls at the budget of each encoder-only run (k2: the exact-budget run)
     assert (work / "eval" / "random-s1-k2" / "test_2016_flickr.json").exists()
-    last = json.loads((work / "eval" / "random-s1-k2-last" / "model.json").read_text())
-    assert last["selected"] == "last" and last["checkpoint"].endswith("checkpoint_last.pt")
-    assert "| random-s1-k2-last | random | seed 1, last checkpoint |" in report
     assert (work / "eval" / "masked-enc-self-k2-checkpoint_last" / "model.json").exists()
     for run in ("enc-self-l0.05", "enc-self-k2", "joint-l0.05"):
         trajectory = (work / "report" / f"trajectory-{run}.txt").read_text()
@@ -887,3 +898,24 @@ def test_report_shows_how_far_training_got(tiny_data, tmp_path, monkeypatch):
     assert [ln.split("|")[1].strip() for ln in committed if ln.startswith("| first")] == [
         "first-baseline"
     ]
+
+
+def test_evaluate_with_a_length_penalty(quickstart_work, raw_dir):
+    """LENPEN reaches fairseq-generate, is recorded, and a NAME keeps one length penalty."""
+    work = quickstart_work
+    ckpt = str(work / "baseline" / "checkpoint_best.pt")
+    _run("evaluate.sh", work, raw_dir, "baseline-lp3", ckpt, LENPEN="3", SUBSETS="test")
+    out = work / "eval" / "baseline-lp3"
+    assert (out / "lenpen").read_text().strip() == "3"
+    scores = {  # fairseq divides a hypothesis' log-probability by its length ** lenpen
+        name: [
+            abs(float(line.split("\t")[1]))
+            for line in (work / "eval" / name / "test_2016_flickr.gen").read_text().splitlines()
+            if line.startswith("H-")
+        ]
+        for name in ("baseline", "baseline-lp3")
+    }
+    assert len(scores["baseline-lp3"]) == 20
+    assert sum(scores["baseline-lp3"]) < sum(scores["baseline"]) / 4, scores
+    proc = _recipe("evaluate.sh", work, raw_dir, "baseline-lp3", ckpt, SUBSETS="test")
+    assert proc.returncode != 0 and "scored with LENPEN=3, not 1" in proc.stderr
