@@ -38,6 +38,9 @@
 #   PHASE2_EPOCHS [30]  PATIENCE [3]  PHASE2_SEEDS ["1 2 3"]
 #   CONTROL_CHECKPOINT  with PHASE2_EPOCHS=0: the controls' checkpoints evaluated [both]
 #   BASELINE_EPOCHS [55]  SCORE_SENTENCES valid sentences for head scores [2000, i.e. all]
+#   JOBS          pruning runs (phase 1 and 2) trained side by side [1]; more only where the
+#                 machine has the room (a GPU: 8 ran side by side at half their speed alone);
+#                 each run's output then goes to $WORK_DIR/prune/<run>.log
 # Outputs: $WORK_DIR/{prune,controls,eval,scores-baseline,report}.
 set -euo pipefail
 HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
@@ -58,6 +61,7 @@ PATIENCE="${PATIENCE:-3}"
 PHASE2_SEEDS="${PHASE2_SEEDS:-1 2 3}"
 CONTROL_CHECKPOINT="${CONTROL_CHECKPOINT:-both}"
 SCORE_SENTENCES="${SCORE_SENTENCES:-2000}"
+JOBS="${JOBS:-1}"
 JOINT_GATES=enc-self,dec-self,dec-enc
 
 if [[ "$TRAIN_BASELINE" == 1 ]]; then
@@ -85,10 +89,18 @@ scores="$WORK_DIR/scores-baseline"
 [[ "$PHASE2_EPOCHS" -gt 0 ]] || PATIENCE=0  # the one-phase path: as before, all epochs
 export PHASE2_EPOCHS PHASE2_SEEDS PATIENCE  # phase 2 and the controls' fine-tuning alike
 runs=() encoder_runs=()
-prune() {  # NAME DIR [ENV=VALUE ...]: recipes/prune.sh with those settings
+pids=()
+prune() {  # NAME DIR [ENV=VALUE ...]: recipes/prune.sh with those settings, JOBS at a time
   local name="$1" dir="$2"; shift 2
-  env "$@" PRUNE_DIR="$dir" MAX_EPOCH="$PRUNE_EPOCHS" bash "$HERE/prune.sh"
   runs+=("$name=$dir")
+  if [[ "$JOBS" -le 1 ]]; then
+    env "$@" PRUNE_DIR="$dir" MAX_EPOCH="$PRUNE_EPOCHS" bash "$HERE/prune.sh"; return
+  fi
+  while [[ "$(jobs -rp | wc -l)" -ge "$JOBS" ]]; do wait -n || true; done
+  mkdir -p "$dir"
+  env "$@" PRUNE_DIR="$dir" MAX_EPOCH="$PRUNE_EPOCHS" bash "$HERE/prune.sh" \
+    > "$dir.log" 2>&1 &
+  pids+=($!)
 }
 for lambda in $LAMBDAS; do
   prune "pruned-l$lambda" "$WORK_DIR/prune/enc-self-l$lambda" LAMBDA="$lambda"
@@ -105,6 +117,9 @@ done
 for k in $JOINT_TARGETS; do
   prune "pruned-joint-k$k" "$WORK_DIR/prune/joint-k$k" TARGET_HEADS="$k" \
     HEAD_GATES="$JOINT_GATES" FREEZE_DECODER=0
+done
+for pid in "${pids[@]}"; do  # a failed run stops the study, as it does without JOBS
+  wait "$pid" || die "a pruning run failed: see $WORK_DIR/prune/*.log"
 done
 
 mkdir -p "$WORK_DIR/report"

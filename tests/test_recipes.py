@@ -18,7 +18,7 @@ TINY = {
     "TRAIN_LINES": "300", "EVAL_LINES": "20", "VOCAB_SIZE": "300", "EMBED_DIM": "16",
     "FFN_DIM": "32", "ENC_LAYERS": "2", "DEC_LAYERS": "1", "HEADS": "4", "MAX_TOKENS": "2000",
     "BASELINE_EPOCHS": "2", "PRUNE_EPOCHS": "1", "BATCH_SIZE": "8", "BEAM": "2",
-    "EXTRA_ARGS": "--cpu --num-workers 0",
+    "EXTRA_ARGS": "--cpu --num-workers 0", "TRAIN_BASELINE": "1",  # a tiny baseline
     # one torch thread per process: on a loaded 2-core machine torch's default two threads
     # spin against each other (beam search of the tiny model: 0.4 s vs 30 s)
     "OMP_NUM_THREADS": "1",
@@ -597,7 +597,7 @@ def test_full_study_in_one_command(quickstart_work, raw_dir):
         JOINT_TARGETS="", TRAIN_BASELINE="1",  # the quickstart's tiny baseline
         CONTROLS="masked random", SEEDS="1", TARGET_WARMUP="2", PRUNE_EPOCHS="8",
         GATE_LR_SCALE="1000",  # gates that close within 8 tiny epochs (32 updates or more)
-        PHASE2_EPOCHS="2", PATIENCE="1", PHASE2_SEEDS="1",
+        PHASE2_EPOCHS="2", PATIENCE="1", PHASE2_SEEDS="1", JOBS="2",  # runs side by side
         SCORE_SENTENCES="20", SUBSETS="test",
     )  # fmt: skip
     # phase 2 of each pruning run, evaluated as <run>-s<seed> with its record
