@@ -16,6 +16,7 @@ import sys
 
 from fairseq_headprune.bench import add_bench_parser
 from fairseq_headprune.checkpoint_io import gates_from_state, load_checkpoint
+from fairseq_headprune.errors import show_traceback, user_error
 from fairseq_headprune.export import export_pruned, mask_from_scores
 from fairseq_headprune.gated_transformer import gate_summary, parse_sites
 from fairseq_headprune.scoring.command import add_score_parser
@@ -119,7 +120,9 @@ def main(argv: list[str] | None = None) -> None:
     try:
         args.func(args)
     except (FileNotFoundError, FileExistsError, ValueError) as e:
-        raise SystemExit(f"error: {e}") from e
+        if show_traceback():
+            raise
+        raise SystemExit(f"error: {user_error(e) or e}") from e
 
 
 if __name__ == "__main__":

@@ -3,10 +3,102 @@
 Part of fairseq-headprune (Voita et al. 2019, "Analyzing Multi-Head Self-Attention:
 Specialized Heads Do the Heavy Lifting, the Rest Can Be Pruned"): a wrong flag, file or value
 is reported as one line that names it, what was given and what is allowed.
+
+Inside the fairseq CLIs (``fairseq-train``, ``-generate``, ``-validate``, ``-interactive``
+load this package through ``--user-dir``) the plugin's errors are raised deep in fairseq,
+which sometimes wraps them in its own generic message ("please ensure that the architectures
+match"). :func:`install_excepthook`, called when the package is imported, makes the process
+end on the plugin's own diagnosis instead: for an uncaught exception whose chain
+(``__cause__``/``__context__``) holds a :class:`HeadpruneError`, or a checkpoint that
+``torch.load`` could not read or refused, it prints ``error: <message>`` as the last line
+(the traceback only with ``HEADPRUNE_TRACEBACK=1``) and exits with status 1. Every other
+exception keeps Python's default report.
 """
 
 from __future__ import annotations
 
+import math
+import os
+import sys
+import traceback
+from collections.abc import Iterator
+from types import TracebackType
+
+# Set to 1 to see the traceback above the one-line message.
+TRACEBACK_ENV = "HEADPRUNE_TRACEBACK"
+
 
 class HeadpruneError(ValueError):
     """An input error the user can fix (a flag, a file, a value): shown as one line."""
+
+
+def check_value(flag: str, value: float, ok: bool, allowed: str) -> None:
+    """Raise ``HeadpruneError`` naming ``flag`` unless ``value`` is finite and ``ok``.
+
+    ``ok`` is the flag's own condition (``value > 0`` …); NaN and infinity never pass.
+    """
+    if not (math.isfinite(value) and ok):
+        raise HeadpruneError(f"{flag} {value}: must be {allowed}")
+
+
+def exception_chain(exc: BaseException) -> Iterator[BaseException]:
+    """``exc``, then the exceptions it was raised from or while handling, newest first."""
+    seen: set[int] = set()
+    while exc is not None and id(exc) not in seen:
+        seen.add(id(exc))
+        yield exc
+        exc = exc.__cause__ or exc.__context__
+
+
+def _torch_load_source(exc: BaseException) -> str | None:
+    """The file ``torch.load`` was reading when ``exc`` was raised inside it, if it was."""
+    for frame, _ in traceback.walk_tb(exc.__traceback__):
+        code = frame.f_code
+        if code.co_name == "load" and code.co_filename.endswith(
+            os.path.join("torch", "serialization.py")
+        ):
+            source = frame.f_locals.get("f")
+            return str(getattr(source, "name", source))
+    return None
+
+
+def user_error(exc: BaseException) -> HeadpruneError | None:
+    """The input error behind ``exc``: a HeadpruneError in its chain, or a failed torch.load."""
+    chain = list(exception_chain(exc))
+    for e in chain:
+        if isinstance(e, HeadpruneError):
+            return e
+    for e in chain:
+        source = _torch_load_source(e) if isinstance(e, Exception) else None
+        if source is not None:
+            from fairseq_headprune.checkpoint_safety import load_error
+
+            return load_error(e, source)
+    return None
+
+
+def show_traceback() -> bool:
+    """Whether ``HEADPRUNE_TRACEBACK`` asks for the traceback above the one-line message."""
+    return os.environ.get(TRACEBACK_ENV, "").strip() not in ("", "0")
+
+
+def _excepthook(
+    exc_type: type[BaseException], exc: BaseException, tb: TracebackType | None
+) -> None:
+    err = user_error(exc) if isinstance(exc, Exception) else None
+    if err is None:
+        sys.__excepthook__(exc_type, exc, tb)
+        return
+    if show_traceback():
+        sys.__excepthook__(exc_type, exc, tb)
+    sys.stdout.flush()
+    print(f"error: {err}", file=sys.stderr, flush=True)
+    # the exit status of an uncaught exception, without running interpreter teardown in
+    # fairseq's half-built state (data loader threads, distributed groups)
+    os._exit(1)
+
+
+def install_excepthook() -> None:
+    """Report uncaught input errors as one line (see the module docstring); idempotent."""
+    if sys.excepthook is sys.__excepthook__:
+        sys.excepthook = _excepthook
