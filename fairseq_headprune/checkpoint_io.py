@@ -111,6 +111,13 @@ def gates_from_state(state: dict) -> dict[str, HardConcreteGate]:
     return gates
 
 
+def current_umask() -> int:
+    """The process's umask (read by setting it and putting it back)."""
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask
+
+
 def atomic_save(state: dict, path: str | os.PathLike, force: bool = False) -> None:
     """Write ``state`` to ``path`` through a temporary file: never a half-written checkpoint."""
     path = Path(path)
@@ -121,6 +128,7 @@ def atomic_save(state: dict, path: str | os.PathLike, force: bool = False) -> No
     try:
         with os.fdopen(fd, "wb") as f:
             torch.save(state, f)
+        os.chmod(tmp, 0o666 & ~current_umask())  # mkstemp's 0600 → what open() would give
         os.replace(tmp, path)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)

@@ -17,6 +17,7 @@ exception keeps Python's default report.
 
 from __future__ import annotations
 
+import json
 import math
 import os
 import sys
@@ -39,6 +40,17 @@ def check_value(flag: str, value: float, ok: bool, allowed: str) -> None:
     """
     if not (math.isfinite(value) and ok):
         raise HeadpruneError(f"{flag} {value}: must be {allowed}")
+
+
+def read_json(path: str, flag: str):
+    """The JSON document of the file ``flag`` names; a missing or malformed file is one line."""
+    try:
+        with open(path, encoding="utf-8") as f:
+            return json.load(f)
+    except FileNotFoundError:
+        raise HeadpruneError(f"{flag} {path}: no such file") from None
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise HeadpruneError(f"{flag} {path}: not valid JSON ({e})") from e
 
 
 def exception_chain(exc: BaseException) -> Iterator[BaseException]:

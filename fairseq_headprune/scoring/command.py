@@ -250,6 +250,12 @@ def cmd_score(args: argparse.Namespace) -> None:
     result = score(args)
     with atomic_dir(out, force=args.force) as tmp:
         write_outputs(tmp, result["report"], result["scores"])
+    syntax = result["report"].get("syntax")
+    if syntax:
+        print(
+            f"syntax: {syntax['matched']} sentences matched their trees, {syntax['skipped']} "
+            f"skipped (their tokens do not match the {syntax['trees']})"
+        )
     print(f"wrote {out}/heads.json, heads.csv, summary.md and heatmaps")
 
 
