@@ -69,15 +69,18 @@ def load_model_and_task(path: str | os.PathLike, data: str):
 
 def load_split(task, subset: str) -> None:
     """``task.load_dataset(subset)``; an empty or unreadable split is a one-line error."""
-    data = getattr(task.cfg, "data", "DATA")
+    data = str(getattr(task.cfg, "data", "DATA"))
+    folder = Path(data.split(os.pathsep)[0])
+    # fairseq cannot memory-map an empty file (and its half-built dataset then complains)
+    empty = sorted(
+        str(f) for f in folder.glob(f"{subset}.*") if f.is_file() and not f.stat().st_size
+    )
+    if empty:
+        raise HeadpruneError(f"split {subset!r} of {data} is empty (empty file {', '.join(empty)})")
     try:
         task.load_dataset(subset)
     except FileNotFoundError as e:
         raise HeadpruneError(f"no split {subset!r} in {data}: {e}") from e
-    except ValueError as e:
-        empty = sorted(str(f) for f in Path(str(data)).glob(f"{subset}.*") if f.stat().st_size == 0)
-        what = f"empty file {', '.join(empty)}" if empty else str(e)
-        raise HeadpruneError(f"split {subset!r} of {data} cannot be read ({what})") from e
     if len(task.dataset(subset)) == 0:
         raise HeadpruneError(f"split {subset!r} of {data} is empty: nothing to read")
 

@@ -11,8 +11,8 @@ match"). :func:`install_excepthook`, called when the package is imported, makes 
 end on the plugin's own diagnosis instead: for an uncaught exception whose chain
 (``__cause__``/``__context__``) holds a :class:`HeadpruneError`, or a checkpoint that
 ``torch.load`` could not read or refused, it prints ``error: <message>`` as the last line
-(the traceback only with ``HEADPRUNE_TRACEBACK=1``) and exits with status 1. Every other
-exception keeps Python's default report.
+(the traceback only with ``HEADPRUNE_TRACEBACK=1``); Python then exits with status 1.
+Every other exception keeps Python's default report.
 """
 
 from __future__ import annotations
@@ -20,6 +20,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import re
 import sys
 import traceback
 from collections.abc import Iterator
@@ -31,6 +32,10 @@ TRACEBACK_ENV = "HEADPRUNE_TRACEBACK"
 
 class HeadpruneError(ValueError):
     """An input error the user can fix (a flag, a file, a value): shown as one line."""
+
+
+# How a HeadpruneError appears in the text of another process's traceback.
+_SPAWNED_ERROR = re.compile(r"^fairseq_headprune\.errors\.HeadpruneError: (.+)$", re.MULTILINE)
 
 
 def check_value(flag: str, value: float, ok: bool, allowed: str) -> None:
@@ -81,6 +86,12 @@ def user_error(exc: BaseException) -> HeadpruneError | None:
         if isinstance(e, HeadpruneError):
             return e
     for e in chain:
+        # a spawned worker's exception reaches the parent as the text of its traceback
+        # (torch.multiprocessing's ProcessRaisedException)
+        spawned = _SPAWNED_ERROR.search(str(e))
+        if spawned:
+            return HeadpruneError(spawned.group(1).strip())
+    for e in chain:
         source = _torch_load_source(e) if isinstance(e, Exception) else None
         if source is not None:
             from fairseq_headprune.checkpoint_safety import load_error
@@ -105,9 +116,7 @@ def _excepthook(
         sys.__excepthook__(exc_type, exc, tb)
     sys.stdout.flush()
     print(f"error: {err}", file=sys.stderr, flush=True)
-    # the exit status of an uncaught exception, without running interpreter teardown in
-    # fairseq's half-built state (data loader threads, distributed groups)
-    os._exit(1)
+    # Python then exits with status 1, as for any uncaught exception
 
 
 def install_excepthook() -> None:

@@ -100,6 +100,9 @@ def gated_and_pruned(stock_checkpoint, tiny_data, tmp_path_factory) -> dict[str,
         ("gated", ["--head-gates", "dec-self"],
          "the checkpoint was trained with --head-gates enc-self but this model has --head-gates "
          "dec-self"),
+        ("resume", ["--head-gates", "enc-self,dec-enc"],
+         "the checkpoint was trained with --head-gates enc-self but this model has --head-gates "
+         "enc-self,dec-enc"),
         ("pruned", [], "the checkpoint is physically pruned (enc-self layer 0 has 2 heads"),
         ("pruned", ["--kept-heads", '{"enc-self": [[0], [1]]}'],
          "--kept-heads does not fit the checkpoint: enc-self layer 0 has 2 heads"),
@@ -108,15 +111,20 @@ def gated_and_pruned(stock_checkpoint, tiny_data, tmp_path_factory) -> dict[str,
 def test_the_plugins_diagnosis_is_the_last_line(
     tiny_data, tmp_path, stock_checkpoint, gated_and_pruned, source, args, start
 ):
-    ckpt = stock_checkpoint if source == "stock" else gated_and_pruned[source]
-    before = digests(ckpt.parent)
-    save = tmp_path / "save"
-    last = assert_error(
-        fairseq_train(tiny_data, save, *CE, "--finetune-from-model", ckpt, *args), start
-    )
+    if source == "resume":  # the gated run's own save dir, resumed from checkpoint_last.pt
+        save = gated_and_pruned["gated"].parent
+        before = digests(save)
+        last = assert_error(fairseq_train(tiny_data, save, *CE, *args), start)
+        assert digests(save) == before  # no crash.pt, no checkpoint rewritten
+    else:
+        ckpt = stock_checkpoint if source == "stock" else gated_and_pruned[source]
+        before = digests(ckpt.parent)
+        save = tmp_path / "save"
+        finetune = ("--finetune-from-model", ckpt)
+        last = assert_error(fairseq_train(tiny_data, save, *CE, *finetune, *args), start)
+        assert_nothing_written(save)
+        assert digests(ckpt.parent) == before
     assert "architectures match" not in last
-    assert_nothing_written(save)
-    assert digests(ckpt.parent) == before
 
 
 @pytest.fixture(scope="module")
@@ -136,9 +144,9 @@ def bad_checkpoints(stock_checkpoint, tmp_path_factory) -> dict[str, Path]:
 
 
 EXPECTED = {
-    "text": "is not a checkpoint (not a file written by torch.save",
-    "empty": "is empty, not a checkpoint",
-    "truncated": "is truncated or damaged",
+    "text": " is not a checkpoint (not a file written by torch.save",
+    "empty": " is empty, not a checkpoint",
+    "truncated": " is truncated or damaged",
     "untrusted": ": refused to load: it contains an object that is not allow-listed "
     "(datetime.date)",
 }
@@ -233,7 +241,7 @@ def test_score_on_an_empty_split_names_split_and_file(tiny_data, stock_checkpoin
         "fairseq-headprune", "score", data, "--path", stock_checkpoint, "--subset", "test",
         "--out", out, check=False,
     )  # fmt: skip
-    last = assert_error(proc, f"split 'test' of {data} cannot be read (empty file")
+    last = assert_error(proc, f"split 'test' of {data} is empty (empty file")
     assert str(empty) in last and not out.exists()
 
 
