@@ -33,7 +33,7 @@ from fairseq.modules import MultiheadAttention
 from torch import nn
 
 from fairseq_headprune.checkpoint_fit import check_fit
-from fairseq_headprune.errors import HeadpruneError, check_value
+from fairseq_headprune.errors import HeadpruneError
 from fairseq_headprune.gated_attention import HeadGate, install_head_gate
 from fairseq_headprune.hard_concrete import (
     DEFAULT_INIT_LOG_ALPHA,
@@ -180,15 +180,11 @@ class GatedTransformerModel(TransformerModel):
         gate_defaults(args)
         sites = parse_sites(args.head_gates)
         stretch = (args.head_gate_stretch_low, args.head_gate_stretch_high)
-        check_gate_hparams(args.head_gate_temperature, stretch)
-        check_value(
-            "--head-gate-lr-scale",
-            args.head_gate_lr_scale,
-            args.head_gate_lr_scale > 0,
-            "a number > 0",
-        )
-        check_value(
-            "--head-gate-init-log-alpha", args.head_gate_init_log_alpha, True, "a finite number"
+        check_gate_hparams(
+            args.head_gate_temperature,
+            stretch,
+            init_log_alpha=args.head_gate_init_log_alpha,
+            lr_scale=args.head_gate_lr_scale,
         )
         if args.freeze_decoder and "enc-self" not in sites:
             raise HeadpruneError(

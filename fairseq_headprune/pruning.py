@@ -79,7 +79,9 @@ def parse_kept_heads(value: str | None) -> KeptHeads:
         kept = json.loads(value)
         return {site: [list(map(int, layer)) for layer in layers] for site, layers in kept.items()}
     except json.JSONDecodeError as e:
-        raise HeadpruneError(f"--kept-heads is neither a JSON file nor JSON: {e}") from e
+        raise HeadpruneError(
+            f"--kept-heads {value[:80]!r}: neither an existing JSON file nor inline JSON ({e})"
+        ) from e
     except (AttributeError, TypeError, ValueError) as e:
         raise HeadpruneError(
             '--kept-heads: expected {"enc-self": [[head, ...] per layer], ...} as written by '

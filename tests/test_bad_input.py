@@ -279,3 +279,19 @@ def test_hydra_deprecation_warnings_are_silenced_once_the_plugin_is_loaded():
     assert not [line for line in lines if line.startswith(("T", "P", "W", "S"))], lines
     assert "version_base" not in proc.stderr and "/hydra/" not in proc.stderr
     assert "ConfigStore" not in proc.stderr
+
+
+def _raise_in_worker(rank: int) -> None:
+    from fairseq_headprune.errors import HeadpruneError
+
+    raise HeadpruneError("--target-heads: 9 heads wanted for total, but it has only 8")
+
+
+def test_a_spawned_workers_input_error_is_recognised():
+    # multi-GPU fairseq-train spawns its ranks: the parent sees only the text of the error
+    from fairseq_headprune.errors import user_error
+
+    with pytest.raises(Exception) as raised:
+        torch.multiprocessing.spawn(_raise_in_worker, nprocs=1, join=True)
+    err = user_error(raised.value)
+    assert str(err) == "--target-heads: 9 heads wanted for total, but it has only 8"
