@@ -11,6 +11,9 @@ from fairseq_headprune import (
     l0_criterion,  # noqa: F401  label_smoothed_cross_entropy_l0
 )
 from fairseq_headprune.checkpoint_safety import allow_fairseq_checkpoints
+from fairseq_headprune.errors import install_excepthook
 
 # fairseq checkpoints load under torch >= 2.6's weights_only=True default.
 allow_fairseq_checkpoints()
+# An input error ends a fairseq CLI with one line naming it (HEADPRUNE_TRACEBACK=1: traceback).
+install_excepthook()

@@ -27,26 +27,21 @@ import time
 from argparse import Namespace
 
 import torch
-from fairseq import checkpoint_utils
 
+from fairseq_headprune.checkpoint_io import load_model_and_task, load_split
 from fairseq_headprune.gated_transformer import attention_modules
 
 
 def load(path: str, data: str):
     import fairseq_headprune  # noqa: F401  (a spawned child must register the plugin too)
 
-    (model,), _, task = checkpoint_utils.load_model_ensemble_and_task(
-        [path], arg_overrides={"data": data}
-    )
-    return model.eval(), task
+    return load_model_and_task(path, data)
 
 
 def sentences(task, subset: str, n: int) -> list[dict]:
     """The first ``n`` sentences of ``subset`` as single-sentence samples (dataset order)."""
-    task.load_dataset(subset)
+    load_split(task, subset)
     ds = task.dataset(subset)
-    if len(ds) == 0:
-        raise ValueError(f"subset {subset!r} is empty")
     return [ds[i] for i in range(min(n, len(ds)))]
 
 

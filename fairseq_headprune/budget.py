@@ -38,6 +38,7 @@ from collections.abc import Mapping, Sequence
 
 import torch
 
+from fairseq_headprune.errors import HeadpruneError
 from fairseq_headprune.hard_concrete import scale_gradient
 
 FLAG = "--target-heads"
@@ -48,31 +49,35 @@ TOTAL = "total"
 def parse_target_heads(spec: str, sites: Sequence[str]) -> dict[str, int]:
     """``"10"`` → ``{"total": 10}``; ``"enc-self:10,dec-enc:20"`` → one budget per type.
 
-    Per-type budgets come back in the order of ``sites``. Raises ``ValueError`` naming the
+    Per-type budgets come back in the order of ``sites``. Raises ``HeadpruneError`` naming the
     flag for an unknown type, a repeated type, a negative or non-integer count, or a total
     mixed with per-type budgets.
     """
     items = [s.strip() for s in str(spec).split(",") if s.strip()]
     if not items:
-        raise ValueError(f"{FLAG}: empty budget {spec!r}; give K or TYPE:K[,TYPE:K...]")
+        raise HeadpruneError(f"{FLAG}: empty budget {spec!r}; give K or TYPE:K[,TYPE:K...]")
     targets: dict[str, int] = {}
     for item in items:
         name, sep, count = item.rpartition(":")
         name = name.strip() if sep else TOTAL
         if sep and name not in sites:
-            raise ValueError(f"{FLAG}: unknown attention type {name!r}; choose from {list(sites)}")
+            raise HeadpruneError(
+                f"{FLAG}: unknown attention type {name!r}; choose from {list(sites)}"
+            )
         if name in targets:
             what = "a total" if name == TOTAL else f"{name!r}"
-            raise ValueError(f"{FLAG}: {what} is given more than once in {spec!r}")
+            raise HeadpruneError(f"{FLAG}: {what} is given more than once in {spec!r}")
         try:
             k = int(count.strip())
         except ValueError:
-            raise ValueError(f"{FLAG}: {count.strip()!r} is not a whole number of heads") from None
+            raise HeadpruneError(
+                f"{FLAG}: {count.strip()!r} is not a whole number of heads"
+            ) from None
         if k < 0:
-            raise ValueError(f"{FLAG}: the number of heads must be >= 0, got {k} in {item!r}")
+            raise HeadpruneError(f"{FLAG}: the number of heads must be >= 0, got {k} in {item!r}")
         targets[name] = k
     if TOTAL in targets and len(targets) > 1:
-        raise ValueError(
+        raise HeadpruneError(
             f"{FLAG}: give either one total (K) or per-type budgets (TYPE:K,...), "
             f"not both: {spec!r}"
         )
@@ -87,19 +92,19 @@ def heads_in(heads_per_site: Mapping[str, int], name: str) -> int:
 
 
 def check_targets(targets: Mapping[str, int], heads_per_site: Mapping[str, int]) -> None:
-    """Raise ``ValueError`` naming the flag for a budget the gated model cannot meet.
+    """Raise ``HeadpruneError`` naming the flag for a budget the gated model cannot meet.
 
     ``heads_per_site``: number of gated heads per attention type of the model.
     """
     for name, k in targets.items():
         if name != TOTAL and heads_per_site.get(name, 0) == 0:
             gated = ",".join(heads_per_site) or "none"
-            raise ValueError(
+            raise HeadpruneError(
                 f"{FLAG}: a budget for {name}, but its heads have no gate (--head-gates {gated})"
             )
         n = heads_in(heads_per_site, name)
         if k > n:
-            raise ValueError(
+            raise HeadpruneError(
                 f"{FLAG}: {k} heads wanted for {name}, but it has only {n} gated heads"
             )
 

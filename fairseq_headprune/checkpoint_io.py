@@ -15,7 +15,8 @@ from pathlib import Path
 
 import torch
 
-from fairseq_headprune.checkpoint_safety import allow_fairseq_checkpoints
+from fairseq_headprune.checkpoint_safety import allow_fairseq_checkpoints, load_error
+from fairseq_headprune.errors import HeadpruneError, user_error
 from fairseq_headprune.gated_transformer import gate_defaults
 from fairseq_headprune.hard_concrete import HardConcreteGate
 
@@ -23,15 +24,65 @@ GATE_SUFFIX = ".head_gate.theta"
 
 
 def load_checkpoint(path: str | os.PathLike) -> dict:
-    """``torch.load`` a fairseq checkpoint with safe loading (the fairseq classes allowed)."""
+    """``torch.load`` a fairseq checkpoint with safe loading (the fairseq classes allowed).
+
+    Every subcommand loads through here: a missing, empty, truncated or foreign file, and one
+    holding a class that is not allow-listed, is a one-line :class:`HeadpruneError`.
+    """
     path = Path(path)
     if not path.is_file():
         raise FileNotFoundError(f"no checkpoint at {path}")
     allow_fairseq_checkpoints()
-    state = torch.load(path, map_location="cpu", weights_only=True)
+    try:
+        state = torch.load(path, map_location="cpu", weights_only=True)
+    except (OSError, MemoryError):
+        raise
+    except Exception as e:
+        raise load_error(e, path) from e
     if not isinstance(state, dict) or "model" not in state:
-        raise ValueError(f"{path} is not a fairseq checkpoint (no 'model' state)")
+        raise HeadpruneError(f"{path} is not a fairseq checkpoint (no 'model' state)")
     return state
+
+
+def load_model_and_task(path: str | os.PathLike, data: str):
+    """A checkpoint's model (eval mode) and task through fairseq's loader, data dir overridden.
+
+    Errors as :func:`load_checkpoint`: one line for a missing or unreadable file, and the
+    plugin's own diagnosis when the model does not fit the checkpoint.
+    """
+    from fairseq import checkpoint_utils
+
+    if not Path(path).is_file():
+        raise FileNotFoundError(f"no checkpoint at {path}")
+    allow_fairseq_checkpoints()
+    try:
+        (model, *_), _, task = checkpoint_utils.load_model_ensemble_and_task(
+            [str(path)], arg_overrides={"data": data}
+        )
+    except Exception as e:  # fairseq and torch raise many types for a bad file
+        err = user_error(e)
+        if err is None:
+            err = HeadpruneError(f"cannot load {path} as a fairseq checkpoint: {e}")
+        raise err from e
+    return model.eval(), task
+
+
+def load_split(task, subset: str) -> None:
+    """``task.load_dataset(subset)``; an empty or unreadable split is a one-line error."""
+    data = str(getattr(task.cfg, "data", "DATA"))
+    folder = Path(data.split(os.pathsep)[0])
+    # fairseq cannot memory-map an empty file (and its half-built dataset then complains)
+    empty = sorted(
+        str(f) for f in folder.glob(f"{subset}.*") if f.is_file() and not f.stat().st_size
+    )
+    if empty:
+        raise HeadpruneError(f"split {subset!r} of {data} is empty (empty file {', '.join(empty)})")
+    try:
+        task.load_dataset(subset)
+    except FileNotFoundError as e:
+        raise HeadpruneError(f"no split {subset!r} in {data}: {e}") from e
+    if len(task.dataset(subset)) == 0:
+        raise HeadpruneError(f"split {subset!r} of {data} is empty: nothing to read")
 
 
 def model_args(state: dict) -> Namespace:
@@ -63,6 +114,13 @@ def gates_from_state(state: dict) -> dict[str, HardConcreteGate]:
     return gates
 
 
+def current_umask() -> int:
+    """The process's umask (read by setting it and putting it back)."""
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask
+
+
 def atomic_save(state: dict, path: str | os.PathLike, force: bool = False) -> None:
     """Write ``state`` to ``path`` through a temporary file: never a half-written checkpoint."""
     path = Path(path)
@@ -73,6 +131,7 @@ def atomic_save(state: dict, path: str | os.PathLike, force: bool = False) -> No
     try:
         with os.fdopen(fd, "wb") as f:
             torch.save(state, f)
+        os.chmod(tmp, 0o666 & ~current_umask())  # mkstemp's 0600 → what open() would give
         os.replace(tmp, path)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)

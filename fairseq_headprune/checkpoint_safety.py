@@ -8,6 +8,12 @@ stock ``fairseq-generate``, ``fairseq-validate``, ``fairseq-interactive`` and
 ``fairseq-train --restore-file`` fail on them. Importing this plugin allow-lists exactly
 those classes: safe loading stays on for everything else, no environment variable needed.
 
+A checkpoint that ``torch.load`` cannot read or refuses is described in one line by
+:func:`load_error` (not a checkpoint, empty, truncated, or refused for a class that is not
+allow-listed), both for this package's loader (``checkpoint_io.load_checkpoint``) and for
+fairseq's own loading (``errors.install_excepthook``). It never suggests turning safe
+loading off.
+
 Supports the tools of Voita et al. 2019 ("Analyzing Multi-Head Self-Attention: Specialized
 Heads Do the Heavy Lifting, the Rest Can Be Pruned"), which all start from a checkpoint.
 """
@@ -16,7 +22,10 @@ from __future__ import annotations
 
 import argparse
 import collections
+import os
+import re
 import typing
+import zipfile
 
 import numpy as np
 import torch
@@ -24,6 +33,8 @@ from fairseq.distributed.utils import _TensorPlaceholder
 from omegaconf import DictConfig, ListConfig
 from omegaconf.base import ContainerMetadata, Metadata
 from omegaconf.nodes import AnyNode, BooleanNode, FloatNode, IntegerNode, StringNode
+
+from fairseq_headprune.errors import HeadpruneError
 
 # Every non-tensor class found in checkpoints written by fairseq 0.12 translation training
 # and in the state it broadcasts to other ranks (tests/test_checkpoint_safety.py checks them
@@ -59,3 +70,39 @@ def allow_fairseq_checkpoints() -> None:
     add = getattr(torch.serialization, "add_safe_globals", None)
     if add is not None:  # torch < 2.4 loads everything anyway
         add(FAIRSEQ_CHECKPOINT_GLOBALS)
+
+
+# torch's WeightsUnpickler names the refused class as "GLOBAL module.Class".
+_REFUSED_GLOBAL = re.compile(r"Unsupported global: GLOBAL ([\w.]+)")
+
+
+def load_error(exc: Exception, path: str | os.PathLike) -> HeadpruneError:
+    """One line for a checkpoint ``torch.load(path, weights_only=True)`` failed on with ``exc``."""
+    refused = _REFUSED_GLOBAL.search(str(exc))
+    if refused:
+        return HeadpruneError(
+            f"{path}: refused to load: it contains an object that is not allow-listed "
+            f"({refused.group(1)}); a fairseq checkpoint holds only tensors and fairseq's "
+            "configuration, and unpickling anything else could run code from the file: "
+            "use a checkpoint written by fairseq-train or fairseq-headprune export"
+        )
+    try:
+        size = os.path.getsize(path)
+        with open(path, "rb") as f:
+            magic = f.read(4)
+    except OSError:
+        size, magic = -1, b""
+    if size == 0:
+        return HeadpruneError(f"{path} is empty, not a checkpoint")
+    if magic == b"PK\x03\x04" and not zipfile.is_zipfile(path):
+        return HeadpruneError(
+            f"{path} is truncated or damaged (an incomplete torch archive of {size:,} bytes): "
+            "copy or save it again"
+        )
+    if magic != b"PK\x03\x04":
+        return HeadpruneError(
+            f"{path} is not a checkpoint (not a file written by torch.save, "
+            f"{type(exc).__name__} while reading it)"
+        )
+    first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+    return HeadpruneError(f"{path} is a damaged checkpoint: torch.load failed: {first}")

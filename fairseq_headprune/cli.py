@@ -16,6 +16,7 @@ import sys
 
 from fairseq_headprune.bench import add_bench_parser
 from fairseq_headprune.checkpoint_io import gates_from_state, load_checkpoint
+from fairseq_headprune.errors import read_json, show_traceback, user_error
 from fairseq_headprune.export import export_pruned, mask_from_scores
 from fairseq_headprune.gated_transformer import gate_summary, parse_sites
 from fairseq_headprune.scoring.command import add_score_parser
@@ -59,8 +60,7 @@ def cmd_export(args: argparse.Namespace) -> None:
     if args.mask and args.scores:
         raise ValueError("give either --mask or --scores, not both")
     if args.mask:
-        with open(args.mask, encoding="utf-8") as f:
-            mask = json.load(f)
+        mask = read_json(args.mask, "--mask")
     elif args.scores:
         if args.metric is None or args.top_k is None:
             raise ValueError("--scores needs --metric and --top-k")
@@ -119,7 +119,9 @@ def main(argv: list[str] | None = None) -> None:
     try:
         args.func(args)
     except (FileNotFoundError, FileExistsError, ValueError) as e:
-        raise SystemExit(f"error: {e}") from e
+        if show_traceback():
+            raise
+        raise SystemExit(f"error: {user_error(e) or e}") from e
 
 
 if __name__ == "__main__":

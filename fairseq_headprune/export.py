@@ -104,8 +104,10 @@ def export_pruned(
 ) -> dict:
     """Write the pruned checkpoint ``out`` (and ``out.heads.json``); return a report."""
     out = Path(out)
-    if out.exists() and not force:
-        raise FileExistsError(f"{out} exists; pass --force to overwrite it")
+    heads_json = out.with_name(out.name + ".heads.json")
+    for written in (out, heads_json):
+        if written.exists() and not force:
+            raise FileExistsError(f"{written} exists; pass --force to overwrite it")
     state = load_checkpoint(path)
     layout = attention_layout(state)
     gate_modules = gates_from_state(state)
@@ -153,7 +155,6 @@ def export_pruned(
         "last_optimizer_state": None,
     }
     atomic_save(new_state, out, force=force)
-    heads_json = out.with_name(out.name + ".heads.json")
     tmp = heads_json.with_name(heads_json.name + ".tmp")
     tmp.write_text(json.dumps(kept_heads) + "\n")
     tmp.replace(heads_json)

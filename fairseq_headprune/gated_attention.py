@@ -24,6 +24,7 @@ import torch
 from fairseq.modules import MultiheadAttention
 from torch import Tensor
 
+from fairseq_headprune.errors import HeadpruneError
 from fairseq_headprune.hard_concrete import HardConcreteGate
 
 # observer(head_outputs (T, B, H, d), gate (H,)) -> None; used by the head scorers.
@@ -60,7 +61,9 @@ class HeadGate(HardConcreteGate):
 def install_head_gate(attn: MultiheadAttention, **gate_kwargs) -> HeadGate:
     """Give ``attn`` a ``head_gate`` child that scales each head's output; return the gate."""
     if getattr(attn, "use_xformers", False):
-        raise ValueError("head gates do not support xFormers attention (--*-xformers-att-config)")
+        raise HeadpruneError(
+            "head gates do not support xFormers attention: drop --*-xformers-att-config"
+        )
     if hasattr(attn, "head_gate"):
         raise ValueError("this attention module already has a head gate")
     attn.head_gate = HeadGate(attn.num_heads, **gate_kwargs)

@@ -32,6 +32,8 @@ from fairseq.models.transformer.transformer_legacy import (
 from fairseq.modules import MultiheadAttention
 from torch import nn
 
+from fairseq_headprune.checkpoint_fit import check_fit
+from fairseq_headprune.errors import HeadpruneError
 from fairseq_headprune.gated_attention import HeadGate, install_head_gate
 from fairseq_headprune.hard_concrete import (
     DEFAULT_INIT_LOG_ALPHA,
@@ -47,6 +49,8 @@ logger = logging.getLogger(__name__)
 SITES = ("enc-self", "dec-self", "dec-enc")
 DEFAULT_SITES = ",".join(SITES)
 GATE_KEY = "head_gate.theta"
+# The task attribute through which build_model tells the criterion the gated heads per type.
+GATED_HEADS_ATTR = "headprune_gated_heads"
 
 
 def parse_sites(value: str | None, flag: str = "--head-gates") -> tuple[str, ...]:
@@ -56,7 +60,9 @@ def parse_sites(value: str | None, flag: str = "--head-gates") -> tuple[str, ...
     names = [s.strip() for s in value.split(",") if s.strip()]
     unknown = [s for s in names if s not in SITES]
     if unknown:
-        raise ValueError(f"{flag}: unknown attention type(s) {unknown}; choose from {list(SITES)}")
+        raise HeadpruneError(
+            f"{flag}: unknown attention type(s) {unknown}; choose from {list(SITES)} or 'none'"
+        )
     return tuple(s for s in SITES if s in names)
 
 
@@ -174,9 +180,14 @@ class GatedTransformerModel(TransformerModel):
         gate_defaults(args)
         sites = parse_sites(args.head_gates)
         stretch = (args.head_gate_stretch_low, args.head_gate_stretch_high)
-        check_gate_hparams(args.head_gate_temperature, stretch)
+        check_gate_hparams(
+            args.head_gate_temperature,
+            stretch,
+            init_log_alpha=args.head_gate_init_log_alpha,
+            lr_scale=args.head_gate_lr_scale,
+        )
         if args.freeze_decoder and "enc-self" not in sites:
-            raise ValueError(
+            raise HeadpruneError(
                 "--freeze-decoder prunes the encoder only, but --head-gates "
                 f"'{args.head_gates}' puts no gate on enc-self: nothing would be pruned"
             )
@@ -193,6 +204,8 @@ class GatedTransformerModel(TransformerModel):
                 )
         if args.freeze_decoder:
             model.freeze_decoder(train_shared_embeddings=args.train_shared_embeddings)
+        # the criterion, built next from the same task, checks --target-heads against these
+        setattr(task, GATED_HEADS_ATTR, model.gated_heads_per_site())
         return model
 
     def apply_kept_heads(self, kept: dict[str, list[list[int]]]) -> None:
@@ -202,9 +215,11 @@ class GatedTransformerModel(TransformerModel):
         attr = {"enc-self": "self_attn", "dec-self": "self_attn", "dec-enc": "encoder_attn"}
         for site, per_layer in kept.items():
             if site not in SITES:
-                raise ValueError(f"--kept-heads: unknown attention type {site!r}")
+                raise HeadpruneError(
+                    f"--kept-heads: unknown attention type {site!r}; choose from {list(SITES)}"
+                )
             if len(per_layer) != len(layers[site]):
-                raise ValueError(
+                raise HeadpruneError(
                     f"--kept-heads: {site} lists {len(per_layer)} layers, the model has "
                     f"{len(layers[site])}"
                 )
@@ -212,7 +227,7 @@ class GatedTransformerModel(TransformerModel):
                 attn = getattr(layers[site][i], attr[site])
                 bad = [h for h in heads if not 0 <= h < attn.num_heads]
                 if bad or len(set(heads)) != len(heads):
-                    raise ValueError(
+                    raise HeadpruneError(
                         f"--kept-heads: {site} layer {i} names heads {heads}, but the layer has "
                         f"heads 0..{attn.num_heads - 1}"
                     )
@@ -222,6 +237,13 @@ class GatedTransformerModel(TransformerModel):
         """Called by fairseq's trainer every update; the L0 criterion reads it."""
         super().set_num_updates(num_updates)
         self.num_updates = num_updates
+
+    def gated_heads_per_site(self) -> dict[str, int]:
+        """Number of gated heads per attention type (types without gates left out)."""
+        counts: dict[str, int] = defaultdict(int)
+        for site, _, gate in head_gates(self):
+            counts[site] += gate.theta.numel()
+        return {s: counts[s] for s in SITES if s in counts}
 
     @property
     def gated_sites(self) -> tuple[str, ...]:
@@ -261,29 +283,19 @@ class GatedTransformerModel(TransformerModel):
             return
         if present != set(expected):
             found = sorted({site_of(k) for k in present}, key=SITES.index)
-            raise ValueError(
+            raise HeadpruneError(
                 f"the checkpoint was trained with --head-gates {','.join(found)} but this "
                 f"model has --head-gates {','.join(self.gated_sites) or 'none'}: resume "
                 "with the checkpoint's --head-gates"
             )
 
     def _check_shapes(self, state_dict: dict, prefix: str) -> None:
-        own = {prefix + k: v for k, v in self.state_dict().items()}
-        for key, tensor in state_dict.items():
-            if key in own and torch.is_tensor(tensor) and tensor.shape != own[key].shape:
-                raise ValueError(
-                    f"checkpoint tensor {key} has shape {tuple(tensor.shape)} but this model's "
-                    f"has {tuple(own[key].shape)}: the checkpoint was trained with other "
-                    "dimensions; pass its --encoder/--decoder-embed-dim, -ffn-embed-dim, "
-                    "-attention-heads and vocabulary (or use its own --arch preset)"
-                )
-        missing = sorted(k for k in own if k not in state_dict)
-        if missing:
-            raise ValueError(
-                f"checkpoint lacks {len(missing)} tensors of this model (e.g. {missing[0]}): "
-                "it has fewer layers or another architecture; check --encoder-layers / "
-                "--decoder-layers"
-            )
+        attention = {
+            prefix + _module_key(self, attn): (site, i, attn)
+            for site, i, attn in attention_modules(self)
+        }
+        kept = getattr(self.args, "kept_heads", None)
+        check_fit(self.state_dict(), state_dict, prefix, attention, kept)
 
 
 def gate_defaults(args) -> None:

@@ -47,6 +47,8 @@ import math
 import torch
 from torch import nn
 
+from fairseq_headprune.errors import check_value
+
 # Defaults of Voita et al.'s code (the-story-of-heads, lib/layers/concrete_gate.py).
 DEFAULT_TEMPERATURE = 0.33
 DEFAULT_STRETCH = (-0.1, 1.1)
@@ -59,15 +61,20 @@ GRAD_SCALE = 1e-3
 _EPS = 1e-6
 
 
-def check_gate_hparams(temperature: float, stretch: tuple[float, float]) -> None:
-    """Raise ``ValueError`` for a temperature or stretch interval the gate cannot use."""
-    if not temperature > 0:
-        raise ValueError(f"--head-gate-temperature must be > 0, got {temperature}")
+def check_gate_hparams(
+    temperature: float,
+    stretch: tuple[float, float],
+    init_log_alpha: float = DEFAULT_INIT_LOG_ALPHA,
+    lr_scale: float = 1.0,
+) -> None:
+    """Raise ``HeadpruneError`` naming the flag for a value the gate cannot use (NaN too)."""
+    check_value("--head-gate-temperature", temperature, temperature > 0, "a number > 0")
     low, high = stretch
-    if not (low < 0.0 and high > 1.0):
-        raise ValueError(
-            f"--head-gate-stretch must contain [0, 1] strictly (l < 0 < 1 < r), got ({low}, {high})"
-        )
+    interval = "(the stretch interval (l, r) must contain [0, 1] strictly)"
+    check_value("--head-gate-stretch-low", low, low < 0.0, f"a number < 0 {interval}")
+    check_value("--head-gate-stretch-high", high, high > 1.0, f"a number > 1 {interval}")
+    check_value("--head-gate-init-log-alpha", init_log_alpha, True, "a finite number")
+    check_value("--head-gate-lr-scale", lr_scale, lr_scale > 0, "a number > 0")
 
 
 def scale_gradient(grad: torch.Tensor) -> torch.Tensor:
@@ -87,9 +94,7 @@ class HardConcreteGate(nn.Module):
         lr_scale: float = 1.0,
     ) -> None:
         super().__init__()
-        check_gate_hparams(temperature, stretch)
-        if not lr_scale > 0:
-            raise ValueError(f"--head-gate-lr-scale must be > 0, got {lr_scale}")
+        check_gate_hparams(temperature, stretch, init_log_alpha, lr_scale)
         self.temperature = float(temperature)
         self.low, self.high = float(stretch[0]), float(stretch[1])
         self.lr_scale = float(lr_scale)

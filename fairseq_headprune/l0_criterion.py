@@ -69,7 +69,14 @@ from omegaconf import II
 from torch import nn
 
 from fairseq_headprune import budget
-from fairseq_headprune.gated_transformer import SITES, gate_summary, gates_by_name, site_of
+from fairseq_headprune.errors import HeadpruneError, check_value
+from fairseq_headprune.gated_transformer import (
+    GATED_HEADS_ATTR,
+    SITES,
+    gate_summary,
+    gates_by_name,
+    site_of,
+)
 from fairseq_headprune.hard_concrete import HardConcreteGate
 
 logger = logging.getLogger(__name__)
@@ -196,8 +203,7 @@ class LabelSmoothedCrossEntropyL0Criterion(LabelSmoothedCrossEntropyCriterion):
         save_dir=None,
     ):
         super().__init__(task, sentence_avg, label_smoothing, ignore_prefix_size, report_accuracy)
-        if l0_lambda < 0:
-            raise ValueError(f"--l0-lambda must be >= 0, got {l0_lambda}")
+        check_value("--l0-lambda", l0_lambda, l0_lambda >= 0, "a number >= 0")
         self.l0_lambda = l0_lambda
         self.l0_penalty_normalization = str(l0_penalty_normalization)
         self.targets: dict[str, int] = {}
@@ -208,12 +214,17 @@ class LabelSmoothedCrossEntropyL0Criterion(LabelSmoothedCrossEntropyCriterion):
                 target_heads_lr_scale,
                 target_heads_rounding,
             )
+            # fairseq-train builds the model first: check the budget before any step
+            gated = getattr(task, GATED_HEADS_ATTR, None)
+            if gated is not None:
+                budget.check_targets(self.targets, gated)
+                self._checked = True
         if gate_trajectory_interval < 0:
-            raise ValueError(
+            raise HeadpruneError(
                 f"--gate-trajectory-interval must be >= 0, got {gate_trajectory_interval}"
             )
         if gate_trajectory_interval and not save_dir:
-            raise ValueError("--gate-trajectory-interval needs a --save-dir to write to")
+            raise HeadpruneError("--gate-trajectory-interval needs a --save-dir to write to")
         self.gate_trajectory_interval = int(gate_trajectory_interval)
         self.gate_trajectory_path = (
             Path(save_dir) / TRAJECTORY_FILE if gate_trajectory_interval else None
@@ -222,16 +233,16 @@ class LabelSmoothedCrossEntropyL0Criterion(LabelSmoothedCrossEntropyCriterion):
 
     def _init_budget(self, spec: str, warmup_updates: int, lr_scale: float, rounding: float):
         if self.l0_lambda != 0:
-            raise ValueError(
+            raise HeadpruneError(
                 f"--target-heads {spec} and --l0-lambda {self.l0_lambda} both set: the budget's "
                 "multipliers replace λ; drop --l0-lambda (or set it to 0)"
             )
         if warmup_updates < 0:
-            raise ValueError(f"--target-heads-warmup-updates must be >= 0, got {warmup_updates}")
-        if not lr_scale > 0:
-            raise ValueError(f"--target-heads-lr-scale must be > 0, got {lr_scale}")
-        if rounding < 0:
-            raise ValueError(f"--target-heads-rounding must be >= 0, got {rounding}")
+            raise HeadpruneError(
+                f"--target-heads-warmup-updates {warmup_updates}: must be a whole number >= 0"
+            )
+        check_value("--target-heads-lr-scale", lr_scale, lr_scale > 0, "a number > 0")
+        check_value("--target-heads-rounding", rounding, rounding >= 0, "a number >= 0")
         self.targets = budget.parse_target_heads(spec, SITES)
         self.target_heads_warmup_updates = int(warmup_updates)
         self.target_heads_lr_scale = float(lr_scale)
@@ -325,7 +336,7 @@ class LabelSmoothedCrossEntropyL0Criterion(LabelSmoothedCrossEntropyCriterion):
             logger.info("--target-heads: the checkpoint has no multipliers; starting from λ = 0")
             return None
         if state_dict["lambda_1"].shape != self.lambda_1.shape:
-            raise ValueError(
+            raise HeadpruneError(
                 f"--target-heads: the checkpoint has {state_dict['lambda_1'].numel()} budget(s) "
                 f"but --target-heads {','.join(self.targets)} has {self.lambda_1.numel()}: "
                 "resume with the checkpoint's --target-heads or pass --reset-optimizer and "

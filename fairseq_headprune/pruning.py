@@ -26,6 +26,8 @@ import torch
 from fairseq.modules import MultiheadAttention
 from torch import Tensor, nn
 
+from fairseq_headprune.errors import HeadpruneError
+
 KeptHeads = dict[str, list[list[int]]]
 PROJECTIONS = ("q_proj", "k_proj", "v_proj")
 
@@ -75,9 +77,16 @@ def parse_kept_heads(value: str | None) -> KeptHeads:
             value = f.read()
     try:
         kept = json.loads(value)
+        return {site: [list(map(int, layer)) for layer in layers] for site, layers in kept.items()}
     except json.JSONDecodeError as e:
-        raise ValueError(f"--kept-heads is neither a JSON file nor JSON: {e}") from e
-    return {site: [list(map(int, layer)) for layer in layers] for site, layers in kept.items()}
+        raise HeadpruneError(
+            f"--kept-heads {value[:80]!r}: neither an existing JSON file nor inline JSON ({e})"
+        ) from e
+    except (AttributeError, TypeError, ValueError) as e:
+        raise HeadpruneError(
+            '--kept-heads: expected {"enc-self": [[head, ...] per layer], ...} as written by '
+            f"fairseq-headprune export, got {value[:80]!r}"
+        ) from e
 
 
 def prune_state_dict(

@@ -52,6 +52,13 @@ for split in "${SPLITS[@]}"; do
   done
 done
 
+# every split is parallel: line i of the source translates to line i of the target
+for split in "${SPLITS[@]}"; do
+  n_src=$(wc -l < "$raw/$split.$SRC"); n_tgt=$(wc -l < "$raw/$split.$TGT")
+  [[ "$n_src" -eq "$n_tgt" ]] ||
+    die "$raw/$split.$SRC has $n_src lines but $raw/$split.$TGT has $n_tgt: the source and target files of a split must be line-aligned: fix RAW_DIR and remove $raw/$split.*"
+done
+
 # 1b. joint SentencePiece model on the training data of both languages
 VOCAB_FROM="${VOCAB_FROM:-}"
 dict_args=()

@@ -6,6 +6,7 @@ import numpy as np
 import pytest
 import torch
 
+from fairseq_headprune.errors import HeadpruneError
 from fairseq_headprune.hard_concrete import GRAD_SCALE, HardConcreteGate
 
 BETA, L, R = 0.33, -0.1, 1.1
@@ -71,8 +72,11 @@ def test_gradients_reach_theta_and_lr_scale():
         ({"stretch": (0.0, 1.1)}, "--head-gate-stretch"),
         ({"stretch": (-0.1, 0.9)}, "--head-gate-stretch"),
         ({"lr_scale": -1.0}, "--head-gate-lr-scale"),
+        ({"lr_scale": float("inf")}, "--head-gate-lr-scale inf"),
+        ({"temperature": float("nan")}, "--head-gate-temperature nan"),
+        ({"init_log_alpha": float("nan")}, "--head-gate-init-log-alpha nan"),
     ],
 )
 def test_bad_hyperparameters_name_the_flag(kwargs, flag):
-    with pytest.raises(ValueError, match=flag):
+    with pytest.raises(HeadpruneError, match=flag):
         HardConcreteGate(2, **kwargs)

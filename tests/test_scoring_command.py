@@ -38,10 +38,11 @@ def conllu(tiny_data, tmp_path_factory) -> Path:
 
 def test_score_writes_every_output(tiny_data, stock_checkpoint, conllu, tmp_path):
     out = tmp_path / "scores"
-    cli(
+    proc = cli(
         "fairseq-headprune", "score", tiny_data, "--path", stock_checkpoint,
         "--conllu", conllu, "--out", out, "--max-sentences", "24", "--ablation-step", "6",
     )  # fmt: skip
+    assert "syntax: 24 sentences matched their trees, 0 skipped" in proc.stdout
     report = json.loads((out / "heads.json").read_text())
     validate(report, json.loads(SCHEMA_PATH.read_text()))
     assert len(report["heads"]) == 3 * 2 * 4

@@ -25,6 +25,7 @@ from fairseq.modules import MultiheadAttention
 from torch import Tensor
 from tqdm import tqdm
 
+from fairseq_headprune.checkpoint_io import load_split
 from fairseq_headprune.gated_attention import HeadGate, install_head_gate
 from fairseq_headprune.gated_transformer import SITES, attention_modules, layer_of, site_of
 from fairseq_headprune.pruning import parse_kept_heads, unprune_state_dict
@@ -52,7 +53,7 @@ class Batches:
         batch_size: int = 32,
         progress: bool | None = False,
     ) -> None:
-        task.load_dataset(subset)
+        load_split(task, subset)
         self.dataset = task.dataset(subset)
         n = len(self.dataset) if max_sentences is None else min(max_sentences, len(self.dataset))
         if n == 0:

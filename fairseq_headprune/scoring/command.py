@@ -64,19 +64,10 @@ def parse_metrics(value: str, have_trees: bool) -> list[str]:
 
 def load(data: str, path: str):
     """The model and task of a fairseq checkpoint (plugin registered, data dir overridden)."""
-    from fairseq import checkpoint_utils
-
     import fairseq_headprune  # noqa: F401  registers the plugin and safe checkpoint loading
+    from fairseq_headprune.checkpoint_io import load_model_and_task
 
-    if not Path(path).is_file():
-        raise FileNotFoundError(f"no checkpoint at {path}")
-    try:
-        models, _, task = checkpoint_utils.load_model_ensemble_and_task(
-            [path], arg_overrides={"data": data}
-        )
-    except Exception as e:  # fairseq and torch raise many types for a bad file
-        raise ValueError(f"cannot load {path} as a fairseq checkpoint: {e}") from e
-    return models[0], task
+    return load_model_and_task(path, data)
 
 
 def align_trees(args, batches: Batches, task) -> tuple[dict, dict, int, str]:
@@ -259,6 +250,12 @@ def cmd_score(args: argparse.Namespace) -> None:
     result = score(args)
     with atomic_dir(out, force=args.force) as tmp:
         write_outputs(tmp, result["report"], result["scores"])
+    syntax = result["report"].get("syntax")
+    if syntax:
+        print(
+            f"syntax: {syntax['matched']} sentences matched their trees, {syntax['skipped']} "
+            f"skipped (their tokens do not match the {syntax['trees']})"
+        )
     print(f"wrote {out}/heads.json, heads.csv, summary.md and heatmaps")
 
 
