@@ -24,9 +24,10 @@ The constraint holds in expectation only: in a model whose heads matter alike, Å
 by every head at P(open) = K/n just as well as by K heads at 1 and the rest at 0, and the
 deterministic gates then keep all of them. After the warm-up, :func:`rounding_term` (this
 project's addition, not in the papers) opens the current top K further and closes the rest,
-so that the deterministic gates keep exactly K heads. :func:`topk_open_mask` makes K exact at
-export in any case: it keeps the K heads with the highest P(open), CoFi's rule for its
-deterministic masks.
+so that the deterministic gates keep exactly K heads. :func:`topk_open_mask` gives the K heads
+with the highest P(open), CoFi's rule for its deterministic masks; export keeps them when
+they are clearly the most open and the deterministic gates agree (``gate_decision``), or
+when told to (``--force-budget``).
 
 A budget (``--target-heads``) is either a total over all gated heads (``"10"``) or one per
 attention type (``"enc-self:10,dec-enc:20"``). This module is pure torch: no fairseq import.

@@ -107,7 +107,7 @@ def gates_from_state(state: dict) -> dict[str, HardConcreteGate]:
                 theta.numel(),
                 temperature=args.head_gate_temperature,
                 stretch=(args.head_gate_stretch_low, args.head_gate_stretch_high),
-                lr_scale=getattr(args, "head_gate_lr_scale", 1.0),
+                lr_scale=args.head_gate_lr_scale,
             )
             gate.theta.data.copy_(theta)
             gates[key[: -len(GATE_SUFFIX)]] = gate.eval()

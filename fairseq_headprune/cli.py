@@ -66,13 +66,19 @@ def cmd_export(args: argparse.Namespace) -> None:
             raise ValueError("--scores needs --metric and --top-k")
         sites = parse_sites(args.score_types, "--score-types")
         mask = mask_from_scores(args.scores, args.metric, args.top_k, sites, args.ascending)
-    report = export_pruned(args.path, args.out, mask=mask, force=args.force)
+    report = export_pruned(
+        args.path, args.out, mask=mask, force=args.force, force_budget=args.force_budget
+    )
     for note in report["notes"]:
         print(f"note: {note}")
     for site, (kept, total) in report["heads"].items():
         print(f"{site}: kept {kept}/{total} heads")
     before, after = report["params_before"], report["params_after"]
-    print(f"parameters: {before:,} -> {after:,} ({100 * (before - after) / before:.1f}% removed)")
+    print(
+        f"parameters: {before:,} -> {after:,} ({100 * (before - after) / before:.1f}% removed); "
+        f"largest change folded into a kept head's gate: {report['gate_change']:.3g}, "
+        f"largest gate of a removed head: {report['removed_gate']:.3g}"
+    )
     print(f"wrote {report['out']} and {report['out']}.heads.json")
 
 
@@ -100,6 +106,12 @@ def add_export_parser(sub) -> None:
     )
     p.add_argument("--ascending", action="store_true", help="with --scores: lower is better")
     p.add_argument("--force", action="store_true", help="overwrite --out if it exists")
+    p.add_argument(
+        "--force-budget",
+        action="store_true",
+        help="export even when the gates do not decide the heads (docs/export.md): keep the "
+        "heads whose gate is > 0, or a --target-heads run's K heads of highest P(open)",
+    )
     p.set_defaults(func=cmd_export)
 
 

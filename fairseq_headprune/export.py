@@ -25,7 +25,7 @@ from pathlib import Path
 
 import torch
 
-from fairseq_headprune import budget
+from fairseq_headprune import gate_decision
 from fairseq_headprune.checkpoint_io import (
     GATE_SUFFIX,
     atomic_save,
@@ -100,9 +100,18 @@ def mask_to_kept(mask: dict, layout: dict) -> dict[str, list[int]]:
 
 
 def export_pruned(
-    path: str | Path, out: str | Path, mask: dict | None = None, force: bool = False
+    path: str | Path,
+    out: str | Path,
+    mask: dict | None = None,
+    force: bool = False,
+    force_budget: bool = False,
 ) -> dict:
-    """Write the pruned checkpoint ``out`` (and ``out.heads.json``); return a report."""
+    """Write the pruned checkpoint ``out`` (and ``out.heads.json``); return a report.
+
+    Gates that do not decide the heads to keep (``gate_decision``) are refused unless
+    ``force_budget``. The report's ``gate_change`` and ``removed_gate`` are 0 exactly when the
+    pruned model equals the gated model in evaluation (``gate_decision.folding_changes``).
+    """
     out = Path(out)
     heads_json = out.with_name(out.name + ".heads.json")
     for written in (out, heads_json):
@@ -112,10 +121,13 @@ def export_pruned(
     layout = attention_layout(state)
     gate_modules = gates_from_state(state)
     gates = {p: g.deterministic().detach() for p, g in gate_modules.items()}
+    det = {p: g.clone() for p, g in gates.items()}
     notes = []
     if mask is not None:
         kept = mask_to_kept(mask, layout)
     elif gates:
+        if not force_budget:
+            gate_decision.check_decided(gate_modules, _target_heads_spec(state))
         kept = {p: torch.nonzero(g > 0).flatten().tolist() for p, g in gates.items()}
         budget_kept = _target_heads_kept(state, gate_modules) or {}
         if any(kept[p] != heads for p, heads in budget_kept.items()):
@@ -163,11 +175,14 @@ def export_pruned(
         unique = {v.data_ptr(): v.numel() for k, v in sd.items() if not k.endswith(NOT_WEIGHTS)}
         return sum(unique.values())
 
+    gate_change, removed_gate = gate_decision.folding_changes(det, gates, kept)
     return {
         "out": str(out),
         "kept_heads": kept_heads,
         "heads": {s: [sum(map(len, rows)), _count(layout, s)] for s, rows in kept_heads.items()},
         "notes": notes,
+        "gate_change": gate_change,
+        "removed_gate": removed_gate,
         "params_before": n_params(state["model"]),
         "params_after": n_params(pruned),
     }
@@ -178,25 +193,23 @@ def export_pruned(
 NOT_WEIGHTS = (GATE_SUFFIX, ".version", "._float_tensor")
 
 
-def _target_heads_kept(state: dict, gate_modules: dict) -> dict[str, list[int]] | None:
-    """Top-K heads by P(open) of the attention types that ``--target-heads`` budgeted."""
+def _target_heads_spec(state: dict) -> str | None:
+    """The ``--target-heads`` of the run that saved ``state`` (None: no budget)."""
     criterion = (state.get("cfg") or {}).get("criterion") or {}
     spec = criterion.get("target_heads") if isinstance(criterion, dict) else None
+    return spec if spec and str(spec).strip().lower() != "none" else None
+
+
+def _target_heads_kept(state: dict, gate_modules: dict) -> dict[str, list[int]] | None:
+    """Top-K heads by P(open) of the attention types that ``--target-heads`` budgeted."""
+    spec = _target_heads_spec(state)
     if not spec:
         return None
-    prefixes: dict[str, list[str]] = {}
-    for p in sorted(gate_modules, key=layer_of):
-        prefixes.setdefault(site_of(p), []).append(p)
-    targets = budget.parse_target_heads(spec, list(prefixes))
-    with torch.no_grad():
-        prob = {
-            s: torch.stack([gate_modules[p].prob_open() for p in ps]) for s, ps in prefixes.items()
-        }
-    mask = budget.topk_open_mask(prob, targets)
-    covered = list(prefixes) if budget.TOTAL in targets else list(targets)
+    prefixes = gate_decision.by_site(gate_modules)
+    masks = gate_decision.budget_masks(gate_modules, spec)
     return {
-        p: torch.nonzero(mask[s][i]).flatten().tolist()
-        for s in covered
+        p: torch.nonzero(mask[i]).flatten().tolist()
+        for s, mask in masks.items()
         for i, p in enumerate(prefixes[s])
     }
 

@@ -32,13 +32,16 @@ from fairseq.models.transformer.transformer_legacy import (
 from fairseq.modules import MultiheadAttention
 from torch import nn
 
+from fairseq_headprune import schedule_check
 from fairseq_headprune.checkpoint_fit import check_fit
 from fairseq_headprune.errors import HeadpruneError
 from fairseq_headprune.gated_attention import HeadGate, install_head_gate
 from fairseq_headprune.hard_concrete import (
     DEFAULT_INIT_LOG_ALPHA,
+    DEFAULT_LR_SCALE,
     DEFAULT_STRETCH,
     DEFAULT_TEMPERATURE,
+    LEGACY_LR_SCALE,
     HardConcreteGate,
     check_gate_hparams,
 )
@@ -159,9 +162,16 @@ class GatedTransformerModel(TransformerModel):
         parser.add_argument("--head-gate-init-log-alpha", type=float, metavar="A",
                             help="initial log α of new gates; the default "
                                  f"{DEFAULT_INIT_LOG_ALPHA} starts them fully open in evaluation")
+        # a default here, not in gate_defaults: a saved config without it means the old 1
         parser.add_argument("--head-gate-lr-scale", type=float, metavar="K",
+                            default=DEFAULT_LR_SCALE,
                             help="gates move K times faster than the weights under Adam "
-                                 "(log α = K·θ, θ the trained parameter; default: 1)")
+                                 "(log α = K·θ, θ the trained parameter): a gate closes in "
+                                 "about 5.4 / (lr·K) updates; keep lr·K ≈ 0.01 "
+                                 f"(default: {DEFAULT_LR_SCALE:g}, for --lr 5e-4)")
+        parser.add_argument("--allow-slow-gates", action="store_true",
+                            help="train even if the schedule check finds that a gate cannot "
+                                 "close within the run's updates at this lr and gate scale")
         parser.add_argument("--kept-heads", type=str, metavar="JSON",
                             help="build a physically pruned model: JSON (inline or a file, as "
                                  "written by `fairseq-headprune export`) of the original head "
@@ -206,7 +216,13 @@ class GatedTransformerModel(TransformerModel):
             model.freeze_decoder(train_shared_embeddings=args.train_shared_embeddings)
         # the criterion, built next from the same task, checks --target-heads against these
         setattr(task, GATED_HEADS_ATTR, model.gated_heads_per_site())
+        schedule_check.remember_task(model, task)
         return model
+
+    def train(self, mode: bool = True):
+        if mode:  # the trainer's first step: can a gate close within the run?
+            schedule_check.on_train(self)
+        return super().train(mode)
 
     def apply_kept_heads(self, kept: dict[str, list[list[int]]]) -> None:
         """Shrink attention modules to the kept heads' shapes (weights are loaded after)."""
@@ -299,14 +315,19 @@ class GatedTransformerModel(TransformerModel):
 
 
 def gate_defaults(args) -> None:
-    """Fill in the gate flags (also for checkpoints saved before a flag existed)."""
+    """Fill in the gate flags (also for checkpoints saved before a flag existed).
+
+    A new run gets ``--head-gate-lr-scale`` from its parser default (``DEFAULT_LR_SCALE``);
+    a saved config without it was trained at ``LEGACY_LR_SCALE``, the default before.
+    """
     defaults = {
         "head_gates": DEFAULT_SITES,
         "head_gate_temperature": DEFAULT_TEMPERATURE,
         "head_gate_stretch_low": DEFAULT_STRETCH[0],
         "head_gate_stretch_high": DEFAULT_STRETCH[1],
         "head_gate_init_log_alpha": DEFAULT_INIT_LOG_ALPHA,
-        "head_gate_lr_scale": 1.0,
+        "head_gate_lr_scale": LEGACY_LR_SCALE,
+        "allow_slow_gates": False,
         "kept_heads": None,
         "freeze_decoder": False,
         "train_shared_embeddings": False,

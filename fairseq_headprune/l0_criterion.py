@@ -33,9 +33,9 @@ parameter (as log α = lr_scale · θ for the gates). The Lagrangian holds ŝ = 
 only (it is as happy with 8 heads at P = 3/8 as with 3 heads at 1 and 5 at 0), so after the
 warm-up ``--target-heads-rounding μ`` adds μ · (Σ P(open) outside the current top K − Σ P(open)
 of the top K) (``budget.rounding_term``), which makes the deterministic gates of a finished
-run keep exactly the top K heads. Exactly K is guaranteed at export, which keeps the K heads
-of highest P(open) (``budget.topk_open_mask``) when the deterministic gates do not (a run
-too short, or μ = 0). ``--target-heads`` replaces ``--l0-lambda`` (both
+run keep exactly the top K heads. Export refuses a run whose gates do not (a run too short,
+or μ = 0; ``gate_decision``) unless ``--force-budget`` keeps the K heads of highest P(open)
+(``budget.topk_open_mask``). ``--target-heads`` replaces ``--l0-lambda`` (both
 non-zero is an error).
 
 The logged ``loss`` includes the penalty and the budget term; select checkpoints with

@@ -15,7 +15,8 @@
 #                   --head-gate-init-log-alpha GATE_INIT [20]: a gate is then exactly 1 in
 #                   evaluation and in every training sample (the noise u is clamped to
 #                   >= 1e-6), and no penalty acts on it (stock label_smoothed_cross_entropy): the kept heads
-#                   stay as they are. 0: --head-gates none, everything trains.
+#                   stay as they are (--head-gate-lr-scale 1: log α moves at most about
+#                   lr per update). 0: --head-gates none, everything trains.
 # Resumable: fairseq-train continues from RUN_DIR/checkpoint_last.pt; skipped when
 # RUN_DIR/DONE exists.
 set -euo pipefail
@@ -36,7 +37,7 @@ EXTRA_ARGS="${EXTRA_ARGS:-}"
 if [[ -f "$run/DONE" ]]; then log "already fine-tuned: $run"; exit 0; fi
 mkdir -p "$run"
 gates=(--head-gates none)
-[[ "$FREEZE_DECODER" == 1 ]] && gates=(--head-gates enc-self --head-gate-init-log-alpha "$GATE_INIT" --freeze-decoder)
+[[ "$FREEZE_DECODER" == 1 ]] && gates=(--head-gates enc-self --head-gate-init-log-alpha "$GATE_INIT" --head-gate-lr-scale 1 --freeze-decoder)
 # shellcheck disable=SC2207
 model_flags=($(python "$HERE/lib/model_flags.py" "$pruned"))
 log "fine-tuning $pruned -> $run ($MAX_EPOCH epochs)"

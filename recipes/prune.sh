@@ -11,7 +11,14 @@
 #                multipliers grow while the gates lag behind the target (10 epochs: 1,360)
 #   HEAD_GATES   --head-gates [enc-self]
 #   FREEZE_DECODER  1: --freeze-decoder, encoder-only pruning as in the paper [1]
-#   MAX_EPOCH    fine-tuning epochs [10]      LR [5e-4]      GATE_LR_SCALE [20]
+#   MAX_EPOCH    fine-tuning epochs [10]      LR [5e-4]
+#   GATE_LR_SCALE  --head-gate-lr-scale [20, the flag's default]: a gate closes in about
+#                (3.0 − (−2.4)) / (LR × GATE_LR_SCALE) updates; fairseq-train stops at start-up
+#                when the run cannot close a gate (fewer than half that many updates)
+#   ALLOW_SLOW_GATES  1: --allow-slow-gates, train even so (smoke runs) [0]
+#   FORCE_BUDGET 1: export with --force-budget when the gates do not decide the heads (the
+#                K heads of highest P(open), or the open gates as they are); otherwise export
+#                stops and names the undecided gates [0]
 #   TRAJECTORY_INTERVAL  record every gate each N updates in $PRUNE_DIR/gate_trajectory.jsonl
 #                (read by recipes/lib/gate_trajectory.py; 0: off) [25]
 #   SEED         --seed of the gated fine-tuning [1]
@@ -60,10 +67,14 @@ PHASE2_EPOCHS="${PHASE2_EPOCHS:-0}"
 PHASE2_SEEDS="${PHASE2_SEEDS:-1}"
 
 [[ -f "$BASELINE" ]] || die "no baseline checkpoint at $BASELINE (run recipes/train_baseline.sh)"
+ALLOW_SLOW_GATES="${ALLOW_SLOW_GATES:-0}"
+FORCE_BUDGET="${FORCE_BUDGET:-0}"
+slow=(); [[ "$ALLOW_SLOW_GATES" == 1 ]] && slow=(--allow-slow-gates)
+force_budget=(); [[ "$FORCE_BUDGET" == 1 ]] && force_budget=(--force-budget)
 export_pruned() {
   [[ -s "$PRUNE_DIR/pruned.pt.heads.json" ]] && return
   fairseq-headprune export --path "$PRUNE_DIR/checkpoint_last.pt" --out "$PRUNE_DIR/pruned.pt" \
-    --force | tee "$PRUNE_DIR/export.txt"
+    --force "${force_budget[@]}" | tee "$PRUNE_DIR/export.txt"
   log "exported: $PRUNE_DIR/pruned.pt ($(du -h "$PRUNE_DIR/pruned.pt" | cut -f1); the gated" \
     "checkpoint_last.pt with its optimizer state: $(du -h "$PRUNE_DIR/checkpoint_last.pt" | cut -f1))"
 }
@@ -91,7 +102,7 @@ fairseq-train "$DATA_BIN" --user-dir "$USER_DIR" \
   --task translation --source-lang "$SRC" --target-lang "$TGT" \
   --arch gated_transformer "${model_flags[@]}" \
   --finetune-from-model "$BASELINE" \
-  --head-gates "$HEAD_GATES" "${freeze[@]}" --head-gate-lr-scale "$GATE_LR_SCALE" \
+  --head-gates "$HEAD_GATES" "${freeze[@]}" --head-gate-lr-scale "$GATE_LR_SCALE" "${slow[@]}" \
   --criterion label_smoothed_cross_entropy_l0 --label-smoothing 0.1 "${budget[@]}" \
   --gate-trajectory-interval "$TRAJECTORY_INTERVAL" \
   --optimizer adam --adam-betas '(0.9, 0.98)' --clip-norm 1.0 \

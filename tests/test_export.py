@@ -13,9 +13,10 @@ from fairseq_headprune.gated_transformer import attention_modules, head_gates
 from fairseq_headprune.pruning import NoHeadAttention
 from tests.helpers import TINY_ARCH, TRAIN_COMMON, USER_DIR, cli, load_state
 
-# log α per head → deterministic gate 0, ≈0.49, ≈0.78, 1 (σ(a)·1.2 − 0.1, clipped)
+# log α per head (saved without --head-gate-lr-scale: θ = log α) → deterministic gate 0,
+# ≈0.53, ≈0.78, 1 (σ(a)·1.2 − 0.1, clipped): decided (0, or kept at ≥ OPEN_GATE = 0.5)
 THETAS = {
-    "enc-self": [[-6.0, 0.0, 1.0, 6.0], [-6.0, -6.0, -6.0, -6.0]],  # layer 1: all closed
+    "enc-self": [[-6.0, 0.1, 1.0, 6.0], [-6.0, -6.0, -6.0, -6.0]],  # layer 1: all closed
     "dec-self": [[6.0, -6.0, 0.5, 6.0], [6.0, 6.0, 6.0, 6.0]],
     "dec-enc": [[-6.0, 6.0, -6.0, 0.2], [6.0, -6.0, 6.0, 6.0]],
 }
@@ -84,6 +85,9 @@ def test_export_equals_gated_model(norm, request, tiny_data, tmp_path):
     out = tmp_path / "pruned.pt"
     report = cli("fairseq-headprune", "export", "--path", gated_checkpoint, "--out", out).stdout
     assert "enc-self: kept 3/8 heads" in report
+    # the gates decided the heads: the fractional ones are folded exactly, no open head removed
+    assert "largest change folded into a kept head's gate: 0, largest gate of a removed" in report
+    assert report.split("largest gate of a removed head: ")[1].startswith("0\n")
     gated, task = _load(gated_checkpoint, tiny_data)
     pruned, _ = _load(out, tiny_data)
     assert not list(head_gates(pruned))
@@ -211,19 +215,84 @@ def test_bad_input(stock_checkpoint, gated_checkpoint, tmp_path):
     assert not list(tmp_path.glob("*.tmp"))
 
 
-def test_export_keeps_the_target_heads_budget(gated_checkpoint, tmp_path):
-    """A --target-heads run whose deterministic gates missed K: the top K by P(open) are kept."""
+def _with(gated_checkpoint, path, criterion=None, **thetas):
+    """The gated checkpoint with other gates (``enc0``: encoder layer 0's θ) or a budget."""
     state = load_state(gated_checkpoint)
-    state["cfg"]["criterion"] = dict(state["cfg"]["criterion"] or {}, target_heads="enc-self:4")
-    torch.save(state, tmp_path / "budget.pt")
-    out = cli(
-        "fairseq-headprune", "export", "--path", tmp_path / "budget.pt", "--out", tmp_path / "p.pt"
+    if criterion:
+        state["cfg"]["criterion"] = dict(state["cfg"]["criterion"] or {}, **criterion)
+    for name, row in thetas.items():
+        state["model"][f"encoder.layers.{name[-1]}.self_attn.head_gate.theta"] = torch.tensor(row)
+    torch.save(state, path)
+    return path
+
+
+def test_export_refuses_gates_that_do_not_decide(gated_checkpoint, tiny_data, tmp_path):
+    # without a budget: a kept head at gate 0.22 (log α −1) is neither removed nor kept
+    half = _with(gated_checkpoint, tmp_path / "half.pt", enc0=[-6.0, -1.0, 1.0, 6.0])
+    proc = _export("--path", half, "--out", tmp_path / "p.pt")
+    assert proc.returncode != 0 and not (tmp_path / "p.pt").exists()
+    assert "the gates do not decide which heads to keep: enc-self 0.1 gate 0.22." in proc.stderr
+    assert "--force-budget" in proc.stderr
+    forced = _export("--path", half, "--out", tmp_path / "p.pt", "--force-budget").stdout
+    assert "largest change folded into a kept head's gate: 0," in forced  # folded as it is
+    # the issue's case: --target-heads 3 and every P(open) within 0.002 (log α ≈ 2)
+    alike = _with(
+        gated_checkpoint, tmp_path / "alike.pt", {"target_heads": "enc-self:3"},
+        enc0=[2.0, 2.01, 2.02, 2.0], enc1=[2.03, 2.0, 2.0, 2.0],
+    )  # fmt: skip
+    proc = _export("--path", alike, "--out", tmp_path / "q.pt")
+    assert proc.returncode != 0 and not (tmp_path / "q.pt").exists()
+    assert "under the run's --target-heads enc-self:3 do not decide" in proc.stderr
+    assert (
+        "P(open) of the kept heads down to 0.943, of the removed heads up to 0.942" in proc.stderr
     )
-    assert "deterministic gates leave 3 budgeted heads open; keeping the 4" in out.stdout
+    assert "enc-self 0.0 removed but gate 0.96" in proc.stderr
+
+
+def test_forced_budget_export_equals_the_gated_model_with_the_gates_it_folded(
+    gated_checkpoint, tiny_data, tmp_path
+):
+    """--target-heads enc-self:4 whose deterministic gates keep 3: refused; forced, the top 4
+    by P(open) are kept, a closed head among them opened to 1, and export says so."""
+    path = _with(gated_checkpoint, tmp_path / "budget.pt", {"target_heads": "enc-self:4"})
+    proc = _export("--path", path, "--out", tmp_path / "p.pt")
+    assert proc.returncode != 0 and "enc-self 0.0 kept but gate 0.00" in proc.stderr
+    out = _export("--path", path, "--out", tmp_path / "p.pt", "--force-budget").stdout
+    assert "deterministic gates leave 3 budgeted heads open; keeping the 4" in out
+    assert "largest change folded into a kept head's gate: 1, largest gate of a removed" in out
     kept = json.loads((tmp_path / "p.pt.heads.json").read_text())
-    # enc-self P(open) is monotone in θ: 6, 1, 0 and then one of the -6 heads (the first)
+    # enc-self P(open) is monotone in θ: 6, 1, 0.1 and then one of the -6 heads (the first)
     assert kept["enc-self"] == [[0, 1, 2, 3], []]
     assert kept["dec-enc"] == [[1, 3], [0, 2, 3]]  # not budgeted: the open gates decide
+    # the reference: the gated model with the gate export folded (head 0.0 open, θ 6 → 1)
+    gated, task = _load(path, tiny_data)
+    gated.encoder.layers[0].self_attn.head_gate.theta.data[0] = 6.0
+    pruned, _ = _load(tmp_path / "p.pt", tiny_data)
+    d = task.source_dictionary
+    torch.manual_seed(0)
+    src = torch.randint(d.nspecial, len(d), (5, 9))
+    prev = torch.randint(d.nspecial, len(d), (5, 7))
+    assert (_logits(pruned, src, prev) - _logits(gated, src, prev)).abs().max() <= 1e-5
+
+
+@pytest.mark.parametrize("saved", ["absent", "None"])
+def test_a_checkpoint_saved_without_the_gate_scale_keeps_its_gates(
+    saved, gated_checkpoint, tiny_data, tmp_path
+):
+    """Trained when the default scale was 1: its θ is log α, whatever today's default."""
+    state = load_state(gated_checkpoint)
+    if saved == "None":
+        state["cfg"]["model"].head_gate_lr_scale = None
+    assert getattr(state["cfg"]["model"], "head_gate_lr_scale", None) is None
+    path = tmp_path / "old.pt"
+    torch.save(state, path)
+    expected = (torch.sigmoid(torch.tensor(THETAS["enc-self"])) * 1.2 - 0.1).clamp(0, 1)
+    table = json.loads(cli("fairseq-headprune", "gates", path, "--json").stdout)
+    torch.testing.assert_close(torch.tensor(table["sites"]["enc-self"]["gate"]), expected)
+    model, _ = _load(path, tiny_data)  # fairseq's loader (fairseq-generate, --restore-file)
+    gates = [g for site, _, g in head_gates(model) if site == "enc-self"]
+    assert [g.lr_scale for g in gates] == [1.0, 1.0]
+    torch.testing.assert_close(torch.stack([g.deterministic() for g in gates]), expected)
 
 
 def test_export_top_k_by_a_scorer_metric(stock_checkpoint, tiny_data, tmp_path):

@@ -272,7 +272,7 @@ BAD_INPUT = [
 def test_bad_budget_names_the_flag(extra, message, stock_checkpoint, tiny_data, tmp_path):
     proc = cli(
         "fairseq-train", tiny_data, "--user-dir", USER_DIR, "--arch", "gated_transformer",
-        *TINY_ARCH, *TRAIN_COMMON, "--save-dir", tmp_path, "--max-epoch", "1",
+        *TINY_ARCH, *TRAIN_COMMON, "--save-dir", tmp_path, "--max-epoch", str(EPOCHS),
         *BUDGET, "--finetune-from-model", stock_checkpoint, *extra, check=False,
     )  # fmt: skip
     assert proc.returncode != 0
