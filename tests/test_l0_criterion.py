@@ -42,7 +42,7 @@ def test_penalty_is_sum_of_open_probabilities():
     model, _ = build_model()
     gates = [g for _, _, g in head_gates(model)]
     for i, g in enumerate(gates):
-        g.theta.data.fill_(i - 2.0)
+        g.theta.data.fill_((i - 2.0) / g.lr_scale)  # log α = i − 2
     shift = 0.33 * math.log(0.1 / 1.1)
     expected = sum(4 / (1 + math.exp(-(i - 2.0 - shift))) for i in range(len(gates)))
     assert l0_penalty(model).item() == pytest.approx(expected, rel=1e-5)
