@@ -56,48 +56,69 @@ def make_batches(task, subset: str, items: list[dict], batch_size: int) -> list[
 
 
 # ---- multiply-add counts -------------------------------------------------------------------
+#
+# One home for the plugin's multiply-add model. Every term is linear in a layer's number of
+# heads or FFN neurons, so it is written per unit: ``mac_terms`` gives the cost of one head of
+# each attention layer and of one neuron of each FFN, and the rest (the output layer).
+# ``encoder_macs`` and ``generation_macs`` sum it; the post-training pruner searches with it.
+
+Unit = tuple[str, int]  # (site, layer): "enc-self", "dec-self", "dec-enc", "enc-ffn", "dec-ffn"
 
 
-def _attn_macs(attn, tq: int, tk: int) -> int:
-    """Multiply-adds of one attention call: projections + scores + weighted sum + out_proj."""
-    if attn.num_heads == 0:
+def _per_head(attn, tq: int, tk: int) -> int:
+    """Multiply-adds of one head of one attention call: q/k/v projections (queries over
+    ``tq`` positions, keys/values over ``tk``), scores, weighted sum and its out_proj columns."""
+    d = getattr(attn, "head_dim", 0)
+    if not d:
         return 0
-    width = attn.num_heads * attn.head_dim
-    e_out = attn.out_proj.out_features
+    e_out = attn.out_proj.out_features if hasattr(attn, "out_proj") else 0
     return (
-        tq * e_out * width + 2 * tk * attn.kdim * width + 2 * tq * tk * width + tq * width * e_out
+        tq * attn.q_proj.in_features * d + 2 * tk * attn.kdim * d + 2 * tq * tk * d + tq * d * e_out
     )
 
 
-def _ffn_macs(layer, t: int) -> int:
-    return t * 2 * layer.fc1.in_features * layer.fc1.out_features
+def mac_terms(
+    model, src_len: int, tgt_len: int = 0, beam: int = 1
+) -> tuple[int, dict[Unit, tuple[int, int]]]:
+    """(multiply-adds of no head or neuron, {unit: (multiply-adds per head or neuron, count)}).
+
+    The encoder runs once over ``src_len`` positions; with ``tgt_len`` > 0, beam search runs
+    ``tgt_len`` steps of ``beam`` hypotheses: per step one query over the self-attention cache
+    and the encoder output, the FFN and the output layer. Keys/values of the encoder output are
+    projected once per sentence.
+    """
+    terms: dict[Unit, tuple[int, int]] = {}
+    for i, layer in enumerate(model.encoder.layers):
+        attn = layer.self_attn
+        terms["enc-self", i] = (_per_head(attn, src_len, src_len), attn.num_heads)
+        terms["enc-ffn", i] = (2 * src_len * layer.fc1.in_features, layer.fc1.out_features)
+    if tgt_len <= 0:
+        return 0, terms
+    steps = range(1, tgt_len + 1)
+    for i, layer in enumerate(model.decoder.layers):
+        attn, cross = layer.self_attn, layer.encoder_attn
+        d_self, d_cross = getattr(attn, "head_dim", 0), getattr(cross, "head_dim", 0)
+        self_cost = sum(_per_head(attn, 1, 1) + 2 * t * d_self for t in steps)
+        cross_cost = tgt_len * (_per_head(cross, 1, 0) + 2 * src_len * d_cross)
+        kv_once = 2 * src_len * getattr(cross, "kdim", 0) * d_cross
+        terms["dec-self", i] = (beam * self_cost, attn.num_heads)
+        terms["dec-enc", i] = (beam * cross_cost + kv_once, cross.num_heads)
+        terms["dec-ffn", i] = (beam * tgt_len * 2 * layer.fc1.in_features, layer.fc1.out_features)
+    vocab = model.decoder.output_projection.weight.shape
+    return beam * tgt_len * vocab[0] * vocab[1], terms
+
+
+def total_macs(constant: int, terms: dict[Unit, tuple[int, int]]) -> int:
+    return constant + sum(cost * n for cost, n in terms.values())
 
 
 def encoder_macs(model, src_len: int) -> int:
-    return sum(
-        _attn_macs(layer.self_attn, src_len, src_len) + _ffn_macs(layer, src_len)
-        for layer in model.encoder.layers
-    )
+    return total_macs(*mac_terms(model, src_len))
 
 
 def generation_macs(model, src_len: int, tgt_len: int, beam: int) -> int:
     """Encoder once; per decoding step and beam: one query over the cache, FFN, output layer."""
-    total = encoder_macs(model, src_len)
-    vocab = model.decoder.output_projection.weight.shape
-    for t in range(1, tgt_len + 1):
-        for layer in model.decoder.layers:
-            self_attn = _attn_macs(layer.self_attn, 1, 1) + 2 * t * _width(layer.self_attn)
-            # keys/values of the encoder output are projected once per sentence
-            cross = _attn_macs(layer.encoder_attn, 1, 0) + 2 * src_len * _width(layer.encoder_attn)
-            total += beam * (self_attn + cross + _ffn_macs(layer, 1))
-        total += beam * vocab[0] * vocab[1]
-    for layer in model.decoder.layers:
-        total += 2 * src_len * layer.encoder_attn.kdim * _width(layer.encoder_attn)
-    return total
-
-
-def _width(attn) -> int:
-    return attn.num_heads * getattr(attn, "head_dim", 0)
+    return total_macs(*mac_terms(model, src_len, tgt_len, beam))
 
 
 # ---- timing --------------------------------------------------------------------------------
