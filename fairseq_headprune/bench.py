@@ -9,12 +9,14 @@ and a pruned checkpoint on the same sentences in one run (passes interleaved, be
 
 - encoder forward sentences/s at each batch size;
 - beam-search sentences/s through fairseq's own ``SequenceGenerator`` (what
-  ``fairseq-generate`` runs) at each batch size;
+  ``fairseq-generate`` runs) at each batch size, and the decoder's share of it (beam search
+  minus the encoder forward on the same sentences);
 - the bytes of the incremental decoder state (cached keys/values) after decoding;
 - peak resident memory of a fresh process that loads the model and translates (``--memory``);
 
-and prints next to each measured speed-up the speed-up predicted by counting multiply-adds,
-and measured ÷ predicted.
+and prints next to each measured speed-up the speed-up predicted by counting multiply-adds
+(heads and FFN neurons, whatever was pruned), measured ÷ predicted, and the largest
+beam-search speed-up the multiply-add model allows at all (the output layer stays).
 """
 
 from __future__ import annotations
@@ -151,8 +153,10 @@ def best_of(fns: dict, batches: list[dict], repeats: int) -> dict[str, float]:
     return best
 
 
-def incremental_state_bytes(model, batch: dict, beam: int, steps: int) -> int:
-    """Bytes held by the decoder's incremental state after ``steps`` steps at ``beam``."""
+def decode_steps(model, batch: dict, beam: int, steps: int) -> dict:
+    """Encode ``batch``, then run ``steps`` greedy incremental decoder steps for ``beam``
+    copies of each sentence (beam search's shapes without its bookkeeping); return the
+    decoder's incremental state."""
     net = batch["net_input"]
     with torch.inference_mode():
         enc = model.encoder(net["src_tokens"], src_lengths=net["src_lengths"])
@@ -163,6 +167,12 @@ def incremental_state_bytes(model, batch: dict, beam: int, steps: int) -> int:
         for _ in range(steps):
             out, _ = model.decoder(prev, encoder_out=enc, incremental_state=state)
             prev = torch.cat([prev, out[:, -1:].argmax(-1)], dim=1)
+    return state
+
+
+def incremental_state_bytes(model, batch: dict, beam: int, steps: int) -> int:
+    """Bytes held by the decoder's incremental state after ``steps`` steps at ``beam``."""
+    state = decode_steps(model, batch, beam, steps)
     return sum(
         v.numel() * v.element_size()
         for buf in state.values()
@@ -227,6 +237,12 @@ def run_bench(args: argparse.Namespace) -> dict:
     pred_gen = generation_macs(full, src_len, tgt_len, args.beam) / generation_macs(
         pruned, src_len, tgt_len, args.beam
     )
+    pred_dec = (
+        generation_macs(full, src_len, tgt_len, args.beam) - encoder_macs(full, src_len)
+    ) / (generation_macs(pruned, src_len, tgt_len, args.beam) - encoder_macs(pruned, src_len))
+    report["mac_allowed_speedup"] = generation_macs(full, src_len, tgt_len, args.beam) / (
+        mac_terms(full, src_len, tgt_len, args.beam)[0] or 1
+    )
     gens = {n: task.build_generator([m], Namespace(beam=args.beam)) for n, m in models.items()}
     for bs in args.batch_sizes:
         batches = make_batches(task, args.subset, items, bs)
@@ -249,6 +265,11 @@ def run_bench(args: argparse.Namespace) -> dict:
         for n, m in models.items():  # output length, to compare per generated token
             row[f"{n}_tokens"] = generated_tokens(task, gens[n], m, gen_batches)
         report["rows"].append(row)
+        # the decoder's share: beam search minus the encoder on the same sentences
+        if n_gen != len(items):
+            enc = best_of({n: encode(m) for n, m in models.items()}, gen_batches, args.repeats)
+        dec = {n: max(gen[n] - enc[n], 1e-9) for n in models}
+        report["rows"].append(_row("decoder (beam-enc)", bs, n_gen, dec, pred_dec))
     probe = make_batches(task, args.subset, items[: max(args.batch_sizes)], max(args.batch_sizes))[
         0
     ]
@@ -300,6 +321,11 @@ def format_report(r: dict) -> str:
                 f"  batch {row['batch']}: generated tokens full {row['full_tokens']}, pruned "
                 f"{row['pruned_tokens']}; speed-up per generated token {per_tok:.3f}x"
             )
+    if "mac_allowed_speedup" in r:
+        lines.append(
+            "the MAC model's limit for beam search (every head and FFN neuron removed, the "
+            f"output layer left): {r['mac_allowed_speedup']:.2f}x"
+        )
     inc = r["incremental_state_bytes"]
     lines.append(f"incremental decoder state: full {inc['full']:,} B, pruned {inc['pruned']:,} B")
     if "peak_rss_bytes" in r:

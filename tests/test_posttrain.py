@@ -246,3 +246,47 @@ def test_bad_input(stock_checkpoint, tiny_data, tmp_path):
     assert proc.returncode != 0 and "--force" in proc.stderr and out.read_text() == "keep me"
     with pytest.raises(HeadpruneError):
         parse_budget("macs:abc")
+
+
+def test_latency_budget(stock_checkpoint, tiny_data, tmp_path, monkeypatch):
+    """latency:F measures seconds per head/neuron kind on this machine and searches with them;
+    a budget below the time no head or neuron explains is refused before anything is written."""
+    from fairseq_headprune.posttrain import command
+    from fairseq_headprune.posttrain.latency import latency_terms
+
+    model, task = _load(stock_checkpoint, tiny_data)
+    batch = calibration_batches(task, "valid", 8, 8)[0]
+    full, constant, terms = latency_terms(model, batch, beam=2, steps=4, repeats=1)
+    assert full > 0 and 0 <= constant <= full
+    assert sum(c * n for c, n in terms.values()) == pytest.approx(full - constant)
+    assert {n for (site, _), (_, n) in terms.items() if site.endswith("ffn")} == {32}
+
+    fake = {u: (0.01, n) for u, (_, n) in terms.items()}
+    monkeypatch.setattr(command, "latency_terms", lambda *a, **k: (4.0, 2.0, fake))
+    args = Namespace(subset="valid", latency_batch_size=4, seed=1, beam=5)
+    with pytest.raises(HeadpruneError, match="latency:0.4: no mask can meet it"):
+        command.latency_budget(args, task, model, 0.4, 7)
+    cost, allowed, _ = command.latency_budget(args, task, model, 0.75, 7)
+    assert allowed == pytest.approx(1.0) and set(cost.values()) == {0.01}
+
+    out = tmp_path / "lat.pt"
+    proc = _prune(tiny_data, stock_checkpoint, out, "--budget", "latency:0.9",
+                  "--latency-batch-size", "4", "--json-out", f"{out}.json")  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    report = json.loads(out.with_name("lat.pt.json").read_text())
+    assert report["latency"]["seconds_full"] > 0
+
+
+def test_bench_predicts_the_decoder_speedup_of_pruned_neurons(pruned, stock_checkpoint, tiny_data):
+    out, report = pruned
+    proc = cli(
+        "fairseq-headprune", "bench", tiny_data, "--full", stock_checkpoint, "--pruned", out,
+        "--batch-sizes", "4", "--repeats", "1", "--max-sentences", "8",
+        "--json-out", f"{out}.bench.json",
+    )  # fmt: skip
+    bench = json.loads(out.with_name(out.name + ".bench.json").read_text())
+    rows = {r["what"]: r for r in bench["rows"]}
+    assert rows["decoder (beam-enc)"]["predicted"] > 1
+    assert bench["params"]["pruned"] < bench["params"]["full"]
+    assert bench["mac_allowed_speedup"] > rows["generate beam 5"]["predicted"] > 1
+    assert "the MAC model's limit for beam search" in proc.stdout

@@ -24,6 +24,7 @@ from fairseq_headprune.checkpoint_io import load_checkpoint, model_args
 from fairseq_headprune.errors import HeadpruneError
 from fairseq_headprune.export import attention_layout, n_params, save_pruned_checkpoint
 from fairseq_headprune.posttrain.fisher import calibration_batches, fisher
+from fairseq_headprune.posttrain.latency import latency_terms
 from fairseq_headprune.posttrain.masks import HEAD_SITES, Masks, module_prefix
 from fairseq_headprune.posttrain.search import (
     parse_budget,
@@ -101,13 +102,46 @@ def export(state: dict, model, masks: Masks, keep: dict, out: str, force: bool) 
     return {"kept_heads": kept, "params_before": before, "params_after": after}
 
 
+def latency_budget(args, task, model, budget: float, tgt_len: int) -> tuple[dict, float, dict]:
+    """(cost per unit in seconds, seconds the kept units may take, report) for latency:F."""
+    batch = calibration_batches(
+        task, args.subset, args.latency_batch_size, args.latency_batch_size, args.seed
+    )[0]
+    full, constant, terms = latency_terms(model, batch, args.beam, tgt_len)
+    allowed = budget * full - constant
+    if allowed <= 0:
+        raise HeadpruneError(
+            f"--budget latency:{budget}: no mask can meet it: {constant / full:.0%} of the "
+            f"measured {full:.3f} s (embeddings, output layer, beam bookkeeping) is not prunable"
+        )
+    report = {"seconds_full": full, "seconds_unprunable": constant}
+    return {u: c for u, (c, _) in terms.items()}, allowed, report
+
+
+def choose(args, task, model, masks: Masks, batches: list[dict], terms: dict) -> tuple:
+    """The kept units (search, then rearrangement) and the latency report if any."""
+    budget = parse_budget(args.budget)
+    diag, blocks = fisher(model, masks, batches)
+    latency = None
+    if budget.kind == "heads":
+        keep = search_heads(diag, int(budget.value), args.allow_empty_cross_attention)
+    else:
+        if budget.kind == "latency":
+            cost, allowed, latency = args.latency_costs
+        else:
+            cost = {u: float(c) for u, (c, _) in terms.items()}
+            allowed = budget.value * sum(c * n for c, n in terms.values())
+        keep = search_cost(diag, cost, allowed, args.allow_empty_cross_attention)
+    if not args.no_rearrange:
+        keep = rearrange_all(keep, blocks)
+    return keep, latency
+
+
 def run_prune(args: argparse.Namespace) -> dict:
     start = time.perf_counter()
     if Path(args.out).exists() and not args.force:
         raise HeadpruneError(f"--out {args.out} exists; pass --force to overwrite it")
     budget = parse_budget(args.budget)
-    if budget.kind == "latency":
-        raise HeadpruneError(f"--budget {args.budget}: latency budgets are not available yet")
     state = check_checkpoint(args.path)
     (model,), _, task = checkpoint_utils.load_model_ensemble_and_task(
         [args.path], arg_overrides={"data": args.data}
@@ -116,19 +150,13 @@ def run_prune(args: argparse.Namespace) -> dict:
     batches = calibration_batches(
         task, args.subset, args.calibration_sentences, args.calibration_batch_size, args.seed
     )
-    masks = Masks(model)
-    diag, blocks = fisher(model, masks, batches)
     src_len, tgt_len = mean_lengths(batches, model.decoder.dictionary.pad())
+    if budget.kind == "latency":  # measured on the unmasked model
+        args.latency_costs = latency_budget(args, task, model, budget.value, tgt_len)
     constant, terms = mac_terms(model, src_len, tgt_len, args.beam)
-    terms = {u: t for u, t in terms.items() if u in diag}
-    prunable = sum(c * n for c, n in terms.values())
-    if budget.kind == "heads":
-        keep = search_heads(diag, int(budget.value), args.allow_empty_cross_attention)
-    else:
-        cost = {u: float(c) for u, (c, _) in terms.items()}
-        keep = search_cost(diag, cost, budget.value * prunable, args.allow_empty_cross_attention)
-    if not args.no_rearrange:
-        keep = rearrange_all(keep, blocks)
+    masks = Masks(model)
+    terms = {u: t for u, t in terms.items() if u in masks.values}
+    keep, latency = choose(args, task, model, masks, batches, terms)
     masks.set({u: k.float() for u, k in keep.items()})
     errors = tune(model, masks, batches) if not args.no_tune else {}
     report = export(state, model, masks, keep, args.out, args.force)
@@ -140,9 +168,10 @@ def run_prune(args: argparse.Namespace) -> dict:
         calibration_sentences=sum(b["nsentences"] for b in batches),
         lengths={"src": src_len, "tgt": tgt_len, "beam": args.beam},
         macs={"full": full, "pruned": constant + kept_macs, "unprunable": constant},
-        prunable_kept=kept_macs / prunable,
+        prunable_kept=kept_macs / (full - constant),
         predicted_speedup=full / (constant + kept_macs),
         max_speedup=full / max(constant, 1),
+        latency=latency,
         tuning={f"{s}.{i}": e for (s, i), e in errors.items()},
         masks={f"{s}.{i}": v.tolist() for (s, i), v in masks.values.items()},
         out=args.out,
@@ -153,6 +182,12 @@ def run_prune(args: argparse.Namespace) -> dict:
 def format_report(r: dict) -> str:
     lines = [f"{site}: kept {sum(map(len, rows))}" for site, rows in r["kept_heads"].items()]
     m = r["macs"]
+    if r.get("latency"):
+        lat = r["latency"]
+        lines.append(
+            f"measured decoding time: full {lat['seconds_full']:.3f} s, of which "
+            f"{lat['seconds_unprunable']:.3f} s not explained by heads or neurons"
+        )
     lines += [
         f"calibration: {r['calibration_sentences']} sentences; MAC model at source length "
         f"{r['lengths']['src']}, target length {r['lengths']['tgt']}, beam {r['lengths']['beam']}",
@@ -187,14 +222,23 @@ def add_prune_parser(sub) -> None:
         "--budget",
         required=True,
         help="macs:F keeps at most a fraction F in (0, 1] of the attention and FFN "
-        "multiply-adds of beam search; heads:K keeps the K most important heads and every neuron",
+        "multiply-adds of beam search; latency:F a fraction F of the full model's measured "
+        "beam-search-shaped decoding time; heads:K the K most important heads and every neuron",
     )
     p.add_argument("--out", required=True, help="the pruned checkpoint to write")
     p.add_argument("--force", action="store_true", help="overwrite --out if it exists")
     p.add_argument("--subset", default="train", help="calibration subset (default: train)")
     p.add_argument("--calibration-sentences", type=int, default=2000, help="default: 2000")
     p.add_argument("--calibration-batch-size", type=int, default=32, help="sentences per batch")
-    p.add_argument("--beam", type=int, default=5, help="beam of the MAC model (default: 5)")
+    p.add_argument(
+        "--beam", type=int, default=5, help="beam of the MAC and latency models (default: 5)"
+    )
+    p.add_argument(
+        "--latency-batch-size",
+        type=int,
+        default=16,
+        help="with --budget latency:F: sentences per timed batch (default: 16)",
+    )
     p.add_argument(
         "--allow-empty-cross-attention",
         action="store_true",

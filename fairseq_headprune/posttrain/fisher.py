@@ -9,6 +9,7 @@ tokens) of the unpruned model; only the masks get gradients, never the weights.
 
 from __future__ import annotations
 
+import logging
 import random
 
 import torch
@@ -18,6 +19,8 @@ from torch import Tensor
 from fairseq_headprune.bench import Unit
 from fairseq_headprune.errors import HeadpruneError
 from fairseq_headprune.posttrain.masks import Masks
+
+logger = logging.getLogger(__name__)
 
 
 def calibration_batches(task, subset: str, n: int, batch_size: int, seed: int = 1) -> list[dict]:
@@ -79,4 +82,5 @@ def fisher(model, masks: Masks, batches: list[dict]) -> tuple[dict, dict]:
     finally:
         for p, flag in frozen:
             p.requires_grad_(flag)
+    logger.info(f"Fisher information of {len(diag)} mask groups from {len(batches)} batches")
     return diag, blocks

@@ -12,12 +12,16 @@ that layer on the same sentences. The solution is ridge-regularised towards 1 an
 
 from __future__ import annotations
 
+import logging
+
 import torch
 from torch import Tensor, nn
 
 from fairseq_headprune.bench import Unit
 from fairseq_headprune.gated_transformer import attention_modules
 from fairseq_headprune.posttrain.masks import Masks, ffn_layers
+
+logger = logging.getLogger(__name__)
 
 RIDGE = 1e-4  # λ relative to the mean of diag(AᵀA)
 CLAMP = 10.0
@@ -157,6 +161,7 @@ def tune(model, masks: Masks, batches: list[dict]) -> dict[Unit, dict]:
         m = solve(gram, rhs)
         before = relative_error(gram, rhs, tt, torch.ones_like(m))
         report[unit] = {"before": before, "after": relative_error(gram, rhs, tt, m)}
+        logger.info(f"tuned {unit[0]} layer {unit[1]}: relative error {report[unit]}")
         values = torch.zeros_like(masks.values[unit])
         values[keep] = m.float()
         masks.set({unit: values})
