@@ -9,12 +9,14 @@ and a pruned checkpoint on the same sentences in one run (passes interleaved, be
 
 - encoder forward sentences/s at each batch size;
 - beam-search sentences/s through fairseq's own ``SequenceGenerator`` (what
-  ``fairseq-generate`` runs) at each batch size;
+  ``fairseq-generate`` runs) at each batch size, and the decoder's share of it (beam search
+  minus the encoder forward on the same sentences);
 - the bytes of the incremental decoder state (cached keys/values) after decoding;
 - peak resident memory of a fresh process that loads the model and translates (``--memory``);
 
-and prints next to each measured speed-up the speed-up predicted by counting multiply-adds,
-and measured ÷ predicted.
+and prints next to each measured speed-up the speed-up predicted by counting multiply-adds
+(heads and FFN neurons, whatever was pruned), measured ÷ predicted, and the largest
+beam-search speed-up the multiply-add model allows at all (the output layer stays).
 """
 
 from __future__ import annotations
@@ -51,48 +53,69 @@ def make_batches(task, subset: str, items: list[dict], batch_size: int) -> list[
 
 
 # ---- multiply-add counts -------------------------------------------------------------------
+#
+# One home for the plugin's multiply-add model. Every term is linear in a layer's number of
+# heads or FFN neurons, so it is written per unit: ``mac_terms`` gives the cost of one head of
+# each attention layer and of one neuron of each FFN, and the rest (the output layer).
+# ``encoder_macs`` and ``generation_macs`` sum it; the post-training pruner searches with it.
+
+Unit = tuple[str, int]  # (site, layer): "enc-self", "dec-self", "dec-enc", "enc-ffn", "dec-ffn"
 
 
-def _attn_macs(attn, tq: int, tk: int) -> int:
-    """Multiply-adds of one attention call: projections + scores + weighted sum + out_proj."""
-    if attn.num_heads == 0:
+def _per_head(attn, tq: int, tk: int) -> int:
+    """Multiply-adds of one head of one attention call: q/k/v projections (queries over
+    ``tq`` positions, keys/values over ``tk``), scores, weighted sum and its out_proj columns."""
+    d = getattr(attn, "head_dim", 0)
+    if not d:
         return 0
-    width = attn.num_heads * attn.head_dim
-    e_out = attn.out_proj.out_features
+    e_out = attn.out_proj.out_features if hasattr(attn, "out_proj") else 0
     return (
-        tq * e_out * width + 2 * tk * attn.kdim * width + 2 * tq * tk * width + tq * width * e_out
+        tq * attn.q_proj.in_features * d + 2 * tk * attn.kdim * d + 2 * tq * tk * d + tq * d * e_out
     )
 
 
-def _ffn_macs(layer, t: int) -> int:
-    return t * 2 * layer.fc1.in_features * layer.fc1.out_features
+def mac_terms(
+    model, src_len: int, tgt_len: int = 0, beam: int = 1
+) -> tuple[int, dict[Unit, tuple[int, int]]]:
+    """(multiply-adds of no head or neuron, {unit: (multiply-adds per head or neuron, count)}).
+
+    The encoder runs once over ``src_len`` positions; with ``tgt_len`` > 0, beam search runs
+    ``tgt_len`` steps of ``beam`` hypotheses: per step one query over the self-attention cache
+    and the encoder output, the FFN and the output layer. Keys/values of the encoder output are
+    projected once per sentence.
+    """
+    terms: dict[Unit, tuple[int, int]] = {}
+    for i, layer in enumerate(model.encoder.layers):
+        attn = layer.self_attn
+        terms["enc-self", i] = (_per_head(attn, src_len, src_len), attn.num_heads)
+        terms["enc-ffn", i] = (2 * src_len * layer.fc1.in_features, layer.fc1.out_features)
+    if tgt_len <= 0:
+        return 0, terms
+    steps = range(1, tgt_len + 1)
+    for i, layer in enumerate(model.decoder.layers):
+        attn, cross = layer.self_attn, layer.encoder_attn
+        d_self, d_cross = getattr(attn, "head_dim", 0), getattr(cross, "head_dim", 0)
+        self_cost = sum(_per_head(attn, 1, 1) + 2 * t * d_self for t in steps)
+        cross_cost = tgt_len * (_per_head(cross, 1, 0) + 2 * src_len * d_cross)
+        kv_once = 2 * src_len * getattr(cross, "kdim", 0) * d_cross
+        terms["dec-self", i] = (beam * self_cost, attn.num_heads)
+        terms["dec-enc", i] = (beam * cross_cost + kv_once, cross.num_heads)
+        terms["dec-ffn", i] = (beam * tgt_len * 2 * layer.fc1.in_features, layer.fc1.out_features)
+    vocab = model.decoder.output_projection.weight.shape
+    return beam * tgt_len * vocab[0] * vocab[1], terms
+
+
+def total_macs(constant: int, terms: dict[Unit, tuple[int, int]]) -> int:
+    return constant + sum(cost * n for cost, n in terms.values())
 
 
 def encoder_macs(model, src_len: int) -> int:
-    return sum(
-        _attn_macs(layer.self_attn, src_len, src_len) + _ffn_macs(layer, src_len)
-        for layer in model.encoder.layers
-    )
+    return total_macs(*mac_terms(model, src_len))
 
 
 def generation_macs(model, src_len: int, tgt_len: int, beam: int) -> int:
     """Encoder once; per decoding step and beam: one query over the cache, FFN, output layer."""
-    total = encoder_macs(model, src_len)
-    vocab = model.decoder.output_projection.weight.shape
-    for t in range(1, tgt_len + 1):
-        for layer in model.decoder.layers:
-            self_attn = _attn_macs(layer.self_attn, 1, 1) + 2 * t * _width(layer.self_attn)
-            # keys/values of the encoder output are projected once per sentence
-            cross = _attn_macs(layer.encoder_attn, 1, 0) + 2 * src_len * _width(layer.encoder_attn)
-            total += beam * (self_attn + cross + _ffn_macs(layer, 1))
-        total += beam * vocab[0] * vocab[1]
-    for layer in model.decoder.layers:
-        total += 2 * src_len * layer.encoder_attn.kdim * _width(layer.encoder_attn)
-    return total
-
-
-def _width(attn) -> int:
-    return attn.num_heads * getattr(attn, "head_dim", 0)
+    return total_macs(*mac_terms(model, src_len, tgt_len, beam))
 
 
 # ---- timing --------------------------------------------------------------------------------
@@ -125,8 +148,10 @@ def best_of(fns: dict, batches: list[dict], repeats: int) -> dict[str, float]:
     return best
 
 
-def incremental_state_bytes(model, batch: dict, beam: int, steps: int) -> int:
-    """Bytes held by the decoder's incremental state after ``steps`` steps at ``beam``."""
+def decode_steps(model, batch: dict, beam: int, steps: int) -> dict:
+    """Encode ``batch``, then run ``steps`` greedy incremental decoder steps for ``beam``
+    copies of each sentence (beam search's shapes without its bookkeeping); return the
+    decoder's incremental state."""
     net = batch["net_input"]
     with torch.inference_mode():
         enc = model.encoder(net["src_tokens"], src_lengths=net["src_lengths"])
@@ -137,6 +162,12 @@ def incremental_state_bytes(model, batch: dict, beam: int, steps: int) -> int:
         for _ in range(steps):
             out, _ = model.decoder(prev, encoder_out=enc, incremental_state=state)
             prev = torch.cat([prev, out[:, -1:].argmax(-1)], dim=1)
+    return state
+
+
+def incremental_state_bytes(model, batch: dict, beam: int, steps: int) -> int:
+    """Bytes held by the decoder's incremental state after ``steps`` steps at ``beam``."""
+    state = decode_steps(model, batch, beam, steps)
     return sum(
         v.numel() * v.element_size()
         for buf in state.values()
@@ -201,6 +232,12 @@ def run_bench(args: argparse.Namespace) -> dict:
     pred_gen = generation_macs(full, src_len, tgt_len, args.beam) / generation_macs(
         pruned, src_len, tgt_len, args.beam
     )
+    pred_dec = (
+        generation_macs(full, src_len, tgt_len, args.beam) - encoder_macs(full, src_len)
+    ) / (generation_macs(pruned, src_len, tgt_len, args.beam) - encoder_macs(pruned, src_len))
+    report["mac_allowed_speedup"] = generation_macs(full, src_len, tgt_len, args.beam) / (
+        mac_terms(full, src_len, tgt_len, args.beam)[0] or 1
+    )
     gens = {n: task.build_generator([m], Namespace(beam=args.beam)) for n, m in models.items()}
     for bs in args.batch_sizes:
         batches = make_batches(task, args.subset, items, bs)
@@ -223,6 +260,11 @@ def run_bench(args: argparse.Namespace) -> dict:
         for n, m in models.items():  # output length, to compare per generated token
             row[f"{n}_tokens"] = generated_tokens(task, gens[n], m, gen_batches)
         report["rows"].append(row)
+        # the decoder's share: beam search minus the encoder on the same sentences
+        if n_gen != len(items):
+            enc = best_of({n: encode(m) for n, m in models.items()}, gen_batches, args.repeats)
+        dec = {n: max(gen[n] - enc[n], 1e-9) for n in models}
+        report["rows"].append(_row("decoder (beam-enc)", bs, n_gen, dec, pred_dec))
     probe = make_batches(task, args.subset, items[: max(args.batch_sizes)], max(args.batch_sizes))[
         0
     ]
@@ -274,6 +316,11 @@ def format_report(r: dict) -> str:
                 f"  batch {row['batch']}: generated tokens full {row['full_tokens']}, pruned "
                 f"{row['pruned_tokens']}; speed-up per generated token {per_tok:.3f}x"
             )
+    if "mac_allowed_speedup" in r:
+        lines.append(
+            "the MAC model's limit for beam search (every head and FFN neuron removed, the "
+            f"output layer left): {r['mac_allowed_speedup']:.2f}x"
+        )
     inc = r["incremental_state_bytes"]
     lines.append(f"incremental decoder state: full {inc['full']:,} B, pruned {inc['pruned']:,} B")
     if "peak_rss_bytes" in r:

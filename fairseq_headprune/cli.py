@@ -6,6 +6,8 @@ the Heavy Lifting, the Rest Can Be Pruned", ACL 2019). Subcommands:
 - ``gates CHECKPOINT [--json]``: P(open) and the deterministic gate of every head.
 - ``export --path CKPT --out PRUNED [--mask JSON]``: remove closed (or unmasked) heads.
 - ``bench DATA --full CKPT --pruned CKPT``: measured vs FLOP-predicted speed-ups, memory.
+- ``prune DATA --path CKPT --budget macs:F --out PRUNED``: post-training pruning of heads and
+  FFN neurons (Kwon et al. 2022), no retraining.
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ from fairseq_headprune.checkpoint_io import gates_from_state, load_checkpoint
 from fairseq_headprune.errors import read_json, show_traceback, user_error
 from fairseq_headprune.export import export_pruned, mask_from_scores
 from fairseq_headprune.gated_transformer import gate_summary, parse_sites
+from fairseq_headprune.posttrain.command import add_prune_parser
 from fairseq_headprune.scoring.command import add_score_parser
 
 
@@ -123,6 +126,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_score_parser(sub)
     add_export_parser(sub)
     add_bench_parser(sub)
+    add_prune_parser(sub)
     return parser
 
 

@@ -34,7 +34,7 @@ from fairseq_headprune.checkpoint_io import (
     model_args,
 )
 from fairseq_headprune.gated_transformer import SITES, gate_defaults, layer_of, site_of
-from fairseq_headprune.pruning import parse_kept_heads, prune_state_dict
+from fairseq_headprune.pruning import FFN_SITES, parse_kept_heads, prune_state_dict
 
 
 def attention_layout(state: dict) -> dict[str, tuple[int, int, list[int]]]:
@@ -150,6 +150,29 @@ def export_pruned(
         n, _, original = layout[prefix]
         positions = kept.get(prefix, list(range(n)))
         kept_heads.setdefault(site_of(prefix), []).append([original[p] for p in positions])
+    previous = parse_kept_heads(getattr(model_args(state), "kept_heads", None))
+    kept_heads.update({s: rows for s, rows in previous.items() if s in FFN_SITES})
+    save_pruned_checkpoint(state, pruned, kept_heads, out, force)
+
+    gate_change, removed_gate = gate_decision.folding_changes(det, gates, kept)
+    return {
+        "out": str(out),
+        "kept_heads": kept_heads,
+        "heads": {s: [sum(map(len, rows)), _count(layout, s)] for s, rows in kept_heads.items()},
+        "notes": notes,
+        "gate_change": gate_change,
+        "removed_gate": removed_gate,
+        "params_before": n_params(state["model"]),
+        "params_after": n_params(pruned),
+    }
+
+
+def save_pruned_checkpoint(
+    state: dict, pruned: dict, kept_heads: dict, out: str | Path, force: bool = False
+) -> None:
+    """Write ``pruned`` weights as a ``gated_transformer`` checkpoint whose config records
+    ``kept_heads`` (no gates, no optimizer state), and ``out.heads.json`` next to it."""
+    out = Path(out)
     args = copy.copy(model_args(state))
     args.arch = args._name = "gated_transformer"
     args.kept_heads = json.dumps(kept_heads)
@@ -167,25 +190,16 @@ def export_pruned(
         "last_optimizer_state": None,
     }
     atomic_save(new_state, out, force=force)
+    heads_json = out.with_name(out.name + ".heads.json")
     tmp = heads_json.with_name(heads_json.name + ".tmp")
     tmp.write_text(json.dumps(kept_heads) + "\n")
     tmp.replace(heads_json)
 
-    def n_params(sd: dict) -> int:  # shared tensors (tied embeddings) counted once
-        unique = {v.data_ptr(): v.numel() for k, v in sd.items() if not k.endswith(NOT_WEIGHTS)}
-        return sum(unique.values())
 
-    gate_change, removed_gate = gate_decision.folding_changes(det, gates, kept)
-    return {
-        "out": str(out),
-        "kept_heads": kept_heads,
-        "heads": {s: [sum(map(len, rows)), _count(layout, s)] for s, rows in kept_heads.items()},
-        "notes": notes,
-        "gate_change": gate_change,
-        "removed_gate": removed_gate,
-        "params_before": n_params(state["model"]),
-        "params_after": n_params(pruned),
-    }
+def n_params(sd: dict) -> int:
+    """Weights of a state dict; shared tensors (tied embeddings) counted once."""
+    unique = {v.data_ptr(): v.numel() for k, v in sd.items() if not k.endswith(NOT_WEIGHTS)}
+    return sum(unique.values())
 
 
 # state-dict entries that are not model weights: the gates (folded into out_proj) and

@@ -45,7 +45,7 @@ from fairseq_headprune.hard_concrete import (
     HardConcreteGate,
     check_gate_hparams,
 )
-from fairseq_headprune.pruning import parse_kept_heads, resize_attention
+from fairseq_headprune.pruning import FFN_SITES, parse_kept_heads, resize_attention, resize_ffn
 
 logger = logging.getLogger(__name__)
 
@@ -225,20 +225,33 @@ class GatedTransformerModel(TransformerModel):
         return super().train(mode)
 
     def apply_kept_heads(self, kept: dict[str, list[list[int]]]) -> None:
-        """Shrink attention modules to the kept heads' shapes (weights are loaded after)."""
+        """Shrink attention modules to the kept heads' shapes, and FFNs to the kept neurons'
+        (``enc-ffn`` / ``dec-ffn``); the weights are loaded after."""
         layers = {"enc-self": self.encoder.layers, "dec-self": self.decoder.layers}
         layers["dec-enc"] = self.decoder.layers
+        layers["enc-ffn"], layers["dec-ffn"] = self.encoder.layers, self.decoder.layers
         attr = {"enc-self": "self_attn", "dec-self": "self_attn", "dec-enc": "encoder_attn"}
         for site, per_layer in kept.items():
-            if site not in SITES:
+            if site not in SITES + FFN_SITES:
                 raise HeadpruneError(
-                    f"--kept-heads: unknown attention type {site!r}; choose from {list(SITES)}"
+                    f"--kept-heads: unknown type {site!r}; allowed: {list(SITES + FFN_SITES)}"
                 )
             if len(per_layer) != len(layers[site]):
                 raise HeadpruneError(
                     f"--kept-heads: {site} lists {len(per_layer)} layers, the model has "
                     f"{len(layers[site])}"
                 )
+            if site in FFN_SITES:
+                for layer, neurons in zip(layers[site], per_layer):
+                    width = layer.fc1.out_features
+                    if any(not 0 <= j < width for j in neurons) or len(set(neurons)) != len(
+                        neurons
+                    ):
+                        raise HeadpruneError(
+                            f"--kept-heads: {site} names neurons outside 0..{width - 1} or twice"
+                        )
+                    resize_ffn(layer, len(neurons))
+                continue
             for i, heads in enumerate(per_layer):
                 attn = getattr(layers[site][i], attr[site])
                 bad = [h for h in heads if not 0 <= h < attn.num_heads]

@@ -15,6 +15,9 @@ still costs its q/k/v projections and attention unless it is cut out. This modul
 
 The kept heads are recorded in the model config as ``kept_heads``: a JSON object
 ``{"enc-self": [[head, …] per layer], …}`` of original head indices; absent types keep all.
+The same object records kept FFN neurons (Kwon et al. 2022, "A Fast Post-Training Pruning
+Framework for Transformers", prune them with the heads) under ``"enc-ffn"`` / ``"dec-ffn"``:
+original indices of the rows of ``fc1`` (columns of ``fc2``) kept per layer.
 """
 
 from __future__ import annotations
@@ -66,6 +69,42 @@ def resize_attention(attn: MultiheadAttention, num_heads: int) -> nn.Module:
     attn.num_heads, attn.embed_dim = num_heads, width
     attn._set_skip_embed_dim_check()  # the fused route checks embed_dim == query dim
     return attn
+
+
+FFN_SITES = ("enc-ffn", "dec-ffn")
+
+
+def resize_ffn(layer: nn.Module, width: int) -> None:
+    """Give a transformer layer's FFN room for ``width`` neurons (fresh weights, to be loaded)."""
+    if getattr(layer, "ffn_layernorm", None) is not None:
+        raise ValueError("pruning FFN neurons of layers with --scale-fc is not supported")
+    fc1, fc2 = layer.fc1, layer.fc2
+    layer.fc1 = nn.Linear(fc1.in_features, width, bias=fc1.bias is not None)
+    layer.fc2 = nn.Linear(width, fc2.out_features, bias=fc2.bias is not None)
+
+
+def prune_ffn_state_dict(
+    state: dict[str, Tensor],
+    kept: dict[str, list[int]],
+    scales: dict[str, Tensor] | None = None,
+) -> dict[str, Tensor]:
+    """Cut FFN neurons out of a transformer state dict.
+
+    ``kept``: layer prefix (``decoder.layers.1``) → indices of the neurons (rows of ``fc1``,
+    columns of ``fc2``) to keep, in the checkpoint's current numbering. ``scales``: prefix →
+    a value per current neuron folded into ``fc2``'s columns (act_j·m_j·W2[:, j]); bias untouched.
+    """
+    out = dict(state)
+    for prefix, keep in kept.items():
+        rows = torch.tensor(keep, dtype=torch.long)
+        w2 = state[f"{prefix}.fc2.weight"]  # (E, F)
+        if scales is not None and prefix in scales:
+            w2 = w2 * scales[prefix].to(w2)[None, :]
+        out[f"{prefix}.fc1.weight"] = state[f"{prefix}.fc1.weight"][rows].clone()
+        if f"{prefix}.fc1.bias" in state:
+            out[f"{prefix}.fc1.bias"] = state[f"{prefix}.fc1.bias"][rows].clone()
+        out[f"{prefix}.fc2.weight"] = w2[:, rows].clone()
+    return out
 
 
 def parse_kept_heads(value: str | None) -> KeptHeads:

@@ -1,0 +1,251 @@
+"""``fairseq-headprune prune``: post-training pruning of heads and FFN neurons, no retraining.
+
+Kwon et al. 2022 ("A Fast Post-Training Pruning Framework for Transformers", NeurIPS 2022),
+for fairseq encoder–decoder transformers: masks on every head and FFN neuron (``masks``),
+their diagonal Fisher information on calibration sentences (``fisher``), the mask search under
+a multiply-add or head budget and the rearrangement within layers (``search``), layer-wise
+least-squares tuning (``tuning``), then a physically smaller checkpoint: the tuned values
+folded into ``out_proj`` / ``fc2`` columns, pruned heads and neurons removed (``pruning``),
+the kept ones recorded in the config's ``kept_heads`` (``export``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+from pathlib import Path
+
+import torch
+from fairseq import checkpoint_utils
+
+from fairseq_headprune.bench import mac_terms, total_macs
+from fairseq_headprune.checkpoint_io import load_checkpoint, model_args
+from fairseq_headprune.errors import HeadpruneError
+from fairseq_headprune.export import attention_layout, n_params, save_pruned_checkpoint
+from fairseq_headprune.posttrain.fisher import calibration_batches, fisher
+from fairseq_headprune.posttrain.latency import latency_terms
+from fairseq_headprune.posttrain.masks import HEAD_SITES, Masks, module_prefix
+from fairseq_headprune.posttrain.search import (
+    parse_budget,
+    rearrange_all,
+    search_cost,
+    search_heads,
+)
+from fairseq_headprune.posttrain.tuning import tune
+from fairseq_headprune.pruning import (
+    FFN_SITES,
+    parse_kept_heads,
+    prune_ffn_state_dict,
+    prune_state_dict,
+)
+
+
+def check_checkpoint(path: str) -> dict:
+    """The checkpoint's state, or HeadpruneError if it is no encoder–decoder transformer."""
+    try:
+        state = load_checkpoint(path)
+        attention_layout(state)
+    except (FileNotFoundError, ValueError) as e:
+        raise HeadpruneError(f"--path {path}: {e}") from e
+    if "decoder.layers.0.encoder_attn.q_proj.weight" not in state["model"]:
+        raise HeadpruneError(
+            f"--path {path}: not an encoder–decoder transformer (no decoder–encoder attention)"
+        )
+    return state
+
+
+def mean_lengths(batches: list[dict], pad: int) -> tuple[int, int]:
+    """Mean source and target length (tokens, with EOS) of the calibration sentences."""
+    src = sum(int((b["net_input"]["src_tokens"] != pad).sum()) for b in batches)
+    tgt = sum(int((b["target"] != pad).sum()) for b in batches)
+    n = sum(b["nsentences"] for b in batches)
+    return max(1, round(src / n)), max(1, round(tgt / n))
+
+
+def kept_heads_json(state: dict, model, keep: dict) -> dict[str, list[list[int]]]:
+    """The ``kept_heads`` record of the pruned model: original indices of kept heads/neurons."""
+    layout = attention_layout(state)
+    previous = parse_kept_heads(getattr(model_args(state), "kept_heads", None))
+    out: dict[str, list[list[int]]] = {}
+    for site in HEAD_SITES + FFN_SITES:
+        layers = model.encoder.layers if site.startswith("enc") else model.decoder.layers
+        for i in range(len(layers)):
+            if site in FFN_SITES:
+                width = layers[i].fc1.out_features
+                original = previous[site][i] if site in previous else list(range(width))
+            else:
+                _, _, original = layout[module_prefix(model, (site, i))]
+            positions = keep[site, i].nonzero().flatten().tolist() if (site, i) in keep else []
+            out.setdefault(site, []).append([original[p] for p in positions])
+    return out
+
+
+def export(state: dict, model, masks: Masks, keep: dict, out: str, force: bool) -> dict:
+    """Fold the tuned masks into out_proj / fc2, remove the units ``keep`` drops, write ``out``."""
+    layout = attention_layout(state)
+    heads = {p: (n, d) for p, (n, d, _) in layout.items()}
+    kept_pos, gates, ffn_kept, ffn_scales = {}, {}, {}, {}
+    for unit, k in keep.items():
+        prefix = module_prefix(model, unit)
+        positions = k.nonzero().flatten().tolist()
+        if unit[0] in FFN_SITES:
+            ffn_kept[prefix], ffn_scales[prefix] = positions, masks.values[unit]
+        else:
+            kept_pos[prefix] = positions
+            gates[prefix] = masks.values[unit] * masks.base(unit)
+    pruned = prune_state_dict(state["model"], heads, kept_pos, gates)
+    pruned = prune_ffn_state_dict(pruned, ffn_kept, ffn_scales)
+    kept = kept_heads_json(state, model, keep)
+    save_pruned_checkpoint(state, pruned, kept, out, force)
+    before, after = n_params(state["model"]), n_params(pruned)
+    return {"kept_heads": kept, "params_before": before, "params_after": after}
+
+
+def latency_budget(args, task, model, budget: float, tgt_len: int) -> tuple[dict, float, dict]:
+    """(cost per unit in seconds, seconds the kept units may take, report) for latency:F."""
+    batch = calibration_batches(
+        task, args.subset, args.latency_batch_size, args.latency_batch_size, args.seed
+    )[0]
+    full, constant, terms = latency_terms(model, batch, args.beam, tgt_len)
+    allowed = budget * full - constant
+    if allowed <= 0:
+        raise HeadpruneError(
+            f"--budget latency:{budget}: no mask can meet it: {constant / full:.0%} of the "
+            f"measured {full:.3f} s (embeddings, output layer, beam bookkeeping) is not prunable"
+        )
+    report = {"seconds_full": full, "seconds_unprunable": constant}
+    return {u: c for u, (c, _) in terms.items()}, allowed, report
+
+
+def choose(args, task, model, masks: Masks, batches: list[dict], terms: dict) -> tuple:
+    """The kept units (search, then rearrangement) and the latency report if any."""
+    budget = parse_budget(args.budget)
+    diag, blocks = fisher(model, masks, batches)
+    latency = None
+    if budget.kind == "heads":
+        keep = search_heads(diag, int(budget.value), args.allow_empty_cross_attention)
+    else:
+        if budget.kind == "latency":
+            cost, allowed, latency = args.latency_costs
+        else:
+            cost = {u: float(c) for u, (c, _) in terms.items()}
+            allowed = budget.value * sum(c * n for c, n in terms.values())
+        keep = search_cost(diag, cost, allowed, args.allow_empty_cross_attention)
+    if not args.no_rearrange:
+        keep = rearrange_all(keep, blocks)
+    return keep, latency
+
+
+def run_prune(args: argparse.Namespace) -> dict:
+    start = time.perf_counter()
+    if Path(args.out).exists() and not args.force:
+        raise HeadpruneError(f"--out {args.out} exists; pass --force to overwrite it")
+    budget = parse_budget(args.budget)
+    state = check_checkpoint(args.path)
+    (model,), _, task = checkpoint_utils.load_model_ensemble_and_task(
+        [args.path], arg_overrides={"data": args.data}
+    )
+    model = model.float().eval()
+    batches = calibration_batches(
+        task, args.subset, args.calibration_sentences, args.calibration_batch_size, args.seed
+    )
+    src_len, tgt_len = mean_lengths(batches, model.decoder.dictionary.pad())
+    if budget.kind == "latency":  # measured on the unmasked model
+        args.latency_costs = latency_budget(args, task, model, budget.value, tgt_len)
+    constant, terms = mac_terms(model, src_len, tgt_len, args.beam)
+    masks = Masks(model)
+    terms = {u: t for u, t in terms.items() if u in masks.values}
+    keep, latency = choose(args, task, model, masks, batches, terms)
+    masks.set({u: k.float() for u, k in keep.items()})
+    errors = tune(model, masks, batches) if not args.no_tune else {}
+    report = export(state, model, masks, keep, args.out, args.force)
+    kept_macs = sum(terms[u][0] * int(k.sum()) for u, k in keep.items())
+    full = total_macs(constant, terms)
+    report.update(
+        seconds=time.perf_counter() - start,
+        budget=args.budget,
+        calibration_sentences=sum(b["nsentences"] for b in batches),
+        lengths={"src": src_len, "tgt": tgt_len, "beam": args.beam},
+        macs={"full": full, "pruned": constant + kept_macs, "unprunable": constant},
+        prunable_kept=kept_macs / (full - constant),
+        predicted_speedup=full / (constant + kept_macs),
+        max_speedup=full / max(constant, 1),
+        latency=latency,
+        tuning={f"{s}.{i}": e for (s, i), e in errors.items()},
+        masks={f"{s}.{i}": v.tolist() for (s, i), v in masks.values.items()},
+        out=args.out,
+    )
+    return report
+
+
+def format_report(r: dict) -> str:
+    lines = [f"{site}: kept {sum(map(len, rows))}" for site, rows in r["kept_heads"].items()]
+    m = r["macs"]
+    if r.get("latency"):
+        lat = r["latency"]
+        lines.append(
+            f"measured decoding time: full {lat['seconds_full']:.3f} s, of which "
+            f"{lat['seconds_unprunable']:.3f} s not explained by heads or neurons"
+        )
+    lines += [
+        f"calibration: {r['calibration_sentences']} sentences; MAC model at source length "
+        f"{r['lengths']['src']}, target length {r['lengths']['tgt']}, beam {r['lengths']['beam']}",
+        f"attention + FFN multiply-adds kept: {100 * r['prunable_kept']:.1f}% ({r['budget']})",
+        f"beam-search multiply-adds: full {m['full']:,}, pruned {m['pruned']:,}; predicted "
+        f"speed-up {r['predicted_speedup']:.2f}x (the output layer and embeddings, "
+        f"{100 * m['unprunable'] / m['full']:.0f}% of the full model's, cap it at "
+        f"{r['max_speedup']:.2f}x)",
+        f"parameters: {r['params_before']:,} -> {r['params_after']:,}",
+        f"pruning time: {r['seconds']:.1f} s",
+        f"wrote {r['out']} and {r['out']}.heads.json",
+    ]
+    return "\n".join(lines)
+
+
+def cmd_prune(args: argparse.Namespace) -> None:
+    torch.manual_seed(args.seed)
+    report = run_prune(args)
+    print(format_report(report))
+    if args.json_out:
+        with open(args.json_out, "w", encoding="utf-8") as f:
+            json.dump(report, f, indent=1)
+
+
+def add_prune_parser(sub) -> None:
+    p = sub.add_parser(
+        "prune", help="post-training pruning of heads and FFN neurons (Kwon et al. 2022)"
+    )
+    p.add_argument("data", help="fairseq data-bin of the model (calibration sentences)")
+    p.add_argument("--path", required=True, help="an encoder–decoder transformer checkpoint")
+    p.add_argument(
+        "--budget",
+        required=True,
+        help="macs:F keeps at most a fraction F in (0, 1] of the attention and FFN "
+        "multiply-adds of beam search; latency:F a fraction F of the full model's measured "
+        "beam-search-shaped decoding time; heads:K the K most important heads and every neuron",
+    )
+    p.add_argument("--out", required=True, help="the pruned checkpoint to write")
+    p.add_argument("--force", action="store_true", help="overwrite --out if it exists")
+    p.add_argument("--subset", default="train", help="calibration subset (default: train)")
+    p.add_argument("--calibration-sentences", type=int, default=2000, help="default: 2000")
+    p.add_argument("--calibration-batch-size", type=int, default=32, help="sentences per batch")
+    p.add_argument(
+        "--beam", type=int, default=5, help="beam of the MAC and latency models (default: 5)"
+    )
+    p.add_argument(
+        "--latency-batch-size",
+        type=int,
+        default=16,
+        help="with --budget latency:F: sentences per timed batch (default: 16)",
+    )
+    p.add_argument(
+        "--allow-empty-cross-attention",
+        action="store_true",
+        help="let the search remove every head of a decoder–encoder attention layer",
+    )
+    p.add_argument("--no-rearrange", action="store_true", help="skip the Fisher rearrangement")
+    p.add_argument("--no-tune", action="store_true", help="skip least-squares mask tuning")
+    p.add_argument("--seed", type=int, default=1, help="draw of the calibration sentences")
+    p.add_argument("--json-out", help="write the report as JSON here")
+    p.set_defaults(func=cmd_prune)

@@ -1,0 +1,162 @@
+"""Which heads and neurons to keep under a budget, and their rearrangement within layers.
+
+Kwon et al. 2022 ("A Fast Post-Training Pruning Framework for Transformers"):
+
+- §4.1 mask search: with heads and neurons each sorted by importance (diagonal Fisher), try
+  every number of kept heads, fill what the budget leaves with the best neurons, and keep the
+  combination whose pruned units have the least importance. Costs here come from the plugin's
+  multiply-add model (``bench.mac_terms``), which gives heads and neurons of different layers
+  different costs (an encoder neuron runs once per source position, a decoder neuron once per
+  step and hypothesis), so units are ranked by importance per multiply-add — Kwon's order
+  whenever the costs within heads and within neurons are equal;
+- §4.2 mask rearrangement: within each layer, keep the number of kept units but choose which
+  ones greedily, minimising the second-order loss estimate ½·1ᵀ F_PP 1 of the pruned set P
+  (F: the layer's block of the empirical Fisher).
+
+Every decoder–encoder attention layer keeps at least one head unless ``allow_empty_cross``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor
+
+from fairseq_headprune.bench import Unit
+from fairseq_headprune.errors import HeadpruneError
+from fairseq_headprune.posttrain.masks import HEAD_SITES
+
+KINDS = ("macs", "heads", "latency")
+
+
+@dataclass(frozen=True)
+class Budget:
+    kind: str  # macs | heads | latency
+    value: float  # a fraction in (0, 1], or a head count for ``heads``
+
+
+def parse_budget(value: str) -> Budget:
+    """``macs:0.6`` | ``latency:0.6`` (fractions in (0, 1]) | ``heads:K`` (heads kept)."""
+    kind, _, number = value.partition(":")
+    if kind not in KINDS or not number:
+        raise HeadpruneError(f"--budget {value!r}: use macs:F, latency:F (0 < F <= 1) or heads:K")
+    try:
+        amount = float(number)
+    except ValueError:
+        raise HeadpruneError(f"--budget {value!r}: {number!r} is not a number") from None
+    if kind == "heads":
+        if amount != int(amount) or amount < 1:
+            raise HeadpruneError(f"--budget {value!r}: K must be a positive whole number of heads")
+        return Budget(kind, int(amount))
+    if not 0 < amount <= 1:
+        raise HeadpruneError(f"--budget {value!r}: the fraction must lie in (0, 1]")
+    return Budget(kind, amount)
+
+
+def _flat(importance: dict[Unit, Tensor], sites) -> list[tuple[Unit, int, float]]:
+    return [
+        (u, j, float(v)) for u, t in importance.items() if u[0] in sites for j, v in enumerate(t)
+    ]
+
+
+def _forced(importance: dict[Unit, Tensor], allow_empty_cross: bool) -> set[tuple[Unit, int]]:
+    """The most important head of every decoder–encoder attention layer (unless allowed)."""
+    if allow_empty_cross:
+        return set()
+    return {(u, int(t.argmax())) for u, t in importance.items() if u[0] == "dec-enc"}
+
+
+def _to_masks(importance: dict[Unit, Tensor], kept: set[tuple[Unit, int]]) -> dict[Unit, Tensor]:
+    return {
+        u: torch.tensor([(u, j) in kept for j in range(len(t))], dtype=torch.bool)
+        for u, t in importance.items()
+    }
+
+
+def search_heads(
+    importance: dict[Unit, Tensor], k: int, allow_empty_cross: bool = False
+) -> dict[Unit, Tensor]:
+    """Keep the ``k`` most important heads (all neurons)."""
+    heads = _flat(importance, HEAD_SITES)
+    forced = _forced(importance, allow_empty_cross)
+    if not len(forced) <= k <= len(heads):
+        raise HeadpruneError(
+            f"--budget heads:{k}: the model has {len(heads)} heads and {len(forced)} "
+            "decoder–encoder attention layers that keep one each "
+            "(see --allow-empty-cross-attention)"
+        )
+    order = sorted(heads, key=lambda h: ((h[0], h[1]) not in forced, -h[2]))
+    kept = {(u, j) for u, j, _ in order[:k]}
+    kept |= {(u, j) for u, j, _ in _flat(importance, ("enc-ffn", "dec-ffn"))}
+    return _to_masks(importance, kept)
+
+
+def search_cost(
+    importance: dict[Unit, Tensor],
+    cost: dict[Unit, float],
+    budget: float,
+    allow_empty_cross: bool = False,
+) -> dict[Unit, Tensor]:
+    """Kwon's search: keep units whose total ``cost`` (per unit of each layer) ≤ ``budget``.
+
+    Raises HeadpruneError when even the heads that must stay do not fit.
+    """
+    forced = _forced(importance, allow_empty_cross)
+
+    def ranked(sites, first=frozenset()):
+        units = _flat(importance, sites)
+        units.sort(key=lambda x: ((x[0], x[1]) not in first, -x[2] / max(cost[x[0]], 1e-12)))
+        c = torch.tensor([float(cost[u]) for u, _, _ in units], dtype=torch.float64)
+        imp = torch.tensor([v for _, _, v in units], dtype=torch.float64)
+        zero = torch.zeros(1, dtype=torch.float64)
+        return units, torch.cat([zero, c.cumsum(0)]), torch.cat([zero, imp.cumsum(0)])
+
+    heads, head_cost, head_imp = ranked(HEAD_SITES, frozenset(forced))
+    neurons, neuron_cost, neuron_imp = ranked(("enc-ffn", "dec-ffn"))
+    if head_cost[len(forced)] > budget * (1 + 1e-9):
+        raise HeadpruneError(
+            "--budget: too small: the one head kept in each decoder–encoder attention layer "
+            "costs more (see --allow-empty-cross-attention)"
+        )
+    best, best_n = None, None
+    for n in range(len(forced), len(heads) + 1):
+        left = budget - float(head_cost[n])
+        if left < -1e-9 * budget:
+            break
+        k = int(torch.searchsorted(neuron_cost, torch.tensor([left + 1e-9 * budget]), right=True))
+        k = max(k - 1, 0)
+        kept_importance = float(head_imp[n] + neuron_imp[k])
+        if best is None or kept_importance > best[0]:
+            best, best_n = (kept_importance, k), n
+    kept = {(u, j) for u, j, _ in heads[:best_n]} | {(u, j) for u, j, _ in neurons[: best[1]]}
+    return _to_masks(importance, kept)
+
+
+def pruned_loss(block: Tensor, pruned: Tensor) -> float:
+    """½·1ᵀ F_PP 1: the second-order loss estimate of removing the units ``pruned`` (bool)."""
+    idx = pruned.nonzero().flatten()
+    return 0.5 * float(block[idx][:, idx].sum())
+
+
+def rearrange(mask: Tensor, block: Tensor) -> Tensor:
+    """Kwon §4.2 within one layer: as many units pruned, chosen greedily by ``block``."""
+    n_pruned = int((~mask).sum())
+    if n_pruned in (0, len(mask)):
+        return mask
+    pruned = torch.zeros_like(mask)
+    col = torch.zeros(len(mask), dtype=block.dtype)  # Σ_{j∈P} F_ij
+    diag = block.diagonal()
+    for _ in range(n_pruned):
+        gain = 2 * col + diag  # increase of 1ᵀF_PP1 when i joins P
+        gain[pruned] = float("inf")
+        i = int(gain.argmin())
+        pruned[i] = True
+        col += block[:, i]
+    if pruned_loss(block, pruned) < pruned_loss(block, ~mask):
+        return ~pruned
+    return mask
+
+
+def rearrange_all(masks: dict[Unit, Tensor], blocks: dict[Unit, Tensor]) -> dict[Unit, Tensor]:
+    return {u: rearrange(m, blocks[u]) for u, m in masks.items()}

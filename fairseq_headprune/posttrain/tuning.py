@@ -1,0 +1,168 @@
+"""Layer-wise least-squares tuning of the kept masks.
+
+Kwon et al. 2022 ("A Fast Post-Training Pruning Framework for Transformers", §4.3): a pruned
+layer's output is linear in its kept masks — attention Σ_h m_h·(head_h·W_O[:, h]) + b, FFN
+Σ_j m_j·(act_j·W2[:, j]) + b — so the mask values that best reproduce the unpruned layer's
+output are a least-squares solution. Layers are tuned in order (encoder layers, then decoder
+layers, which see the pruned and tuned encoder's memory): each layer's inputs come from the
+pruned model with every earlier layer tuned; its target is the unpruned model's output of
+that layer on the same sentences. The solution is ridge-regularised towards 1 and clamped to
+[-10, 10], as Kwon et al. do; the values fold into ``out_proj`` / ``fc2`` columns at export.
+"""
+
+from __future__ import annotations
+
+import logging
+
+import torch
+from torch import Tensor, nn
+
+from fairseq_headprune.bench import Unit
+from fairseq_headprune.gated_transformer import attention_modules
+from fairseq_headprune.posttrain.masks import Masks, ffn_layers
+
+logger = logging.getLogger(__name__)
+
+RIDGE = 1e-4  # λ relative to the mean of diag(AᵀA)
+CLAMP = 10.0
+
+
+class _Stop(Exception):
+    """Raised by a capture hook once the layer of interest has run."""
+
+
+def tuning_order(model: nn.Module) -> list[Unit]:
+    order: list[Unit] = []
+    for i in range(len(model.encoder.layers)):
+        order += [("enc-self", i), ("enc-ffn", i)]
+    for i in range(len(model.decoder.layers)):
+        order += [("dec-self", i), ("dec-enc", i), ("dec-ffn", i)]
+    return order
+
+
+def _modules(model: nn.Module, unit: Unit) -> tuple[nn.Module, nn.Module]:
+    """(the unit's projection: out_proj or fc2, the attention module or layer)."""
+    if unit[0].endswith("ffn"):
+        layer = next(layer for s, i, layer in ffn_layers(model) if (s, i) == unit)
+        return layer.fc2, layer
+    attn = next(a for s, i, a in attention_modules(model) if (s, i) == unit)
+    return attn.out_proj, attn
+
+
+def _positions(unit: Unit, batch: dict, pad: int) -> Tensor:
+    """(T·B,) True at real (non-pad) positions, in the (T, B) order of layer tensors."""
+    net = batch["net_input"]
+    tokens = net["src_tokens"] if unit[0].startswith("enc") else net["prev_output_tokens"]
+    return (tokens != pad).t().reshape(-1)
+
+
+def capture(model, masks: Masks, unit: Unit, batch: dict, teacher: bool) -> dict:
+    """Run ``model`` on ``batch`` up to ``unit``'s projection and return its inputs/outputs.
+
+    ``teacher``: every mask 1 (the unpruned model); otherwise the current masks, with this
+    unit's kept masks at 1 so that its inputs are the unscaled heads/activations.
+    """
+    proj, owner = _modules(model, unit)
+    got: dict = {}
+    saved = masks.snapshot()
+    if teacher:
+        masks.set(masks.ones())
+    else:
+        masks.set({unit: (saved[unit] != 0).float()})
+    if unit[0].endswith("ffn"):
+        pre = proj.register_forward_pre_hook(lambda m, inp: got.__setitem__("x", inp[0]))
+    else:
+        owner.head_gate.observer = lambda heads, gate: got.__setitem__("heads", heads)
+        pre = None
+
+    def out_hook(module, inputs, output):
+        got["y"] = output
+        raise _Stop
+
+    post = proj.register_forward_hook(out_hook)
+    net = batch["net_input"]
+    try:
+        with torch.no_grad():
+            model(net["src_tokens"], net["src_lengths"], net["prev_output_tokens"])
+    except _Stop:
+        pass
+    finally:
+        post.remove()
+        if pre is not None:
+            pre.remove()
+        if not unit[0].endswith("ffn"):
+            owner.head_gate.observer = None
+        masks.set(saved)
+    return got
+
+
+def gram_terms(model, masks: Masks, unit: Unit, got: dict, keep: Tensor, real: Tensor, t: Tensor):
+    """(AᵀA, Aᵀt) of one batch: A's column i is kept unit i's additive share of the
+    projection output at every real position (``t``: (N, E) targets at those positions)."""
+    proj, _ = _modules(model, unit)
+    w = proj.weight.detach().double()  # (E, units·d)
+    if unit[0].endswith("ffn"):  # share_j = act_j·W2[:, j]: factor through W2 (no (N, k, E))
+        x = got["x"].reshape(-1, got["x"].shape[-1])[real][:, keep].double()  # (N, k)
+        w_k = w[:, keep]  # (E, k)
+        return (x.t() @ x) * (w_k.t() @ w_k), ((t @ w_k) * x).sum(0)
+    heads = got["heads"]  # (T, B, H, d)
+    heads = heads.reshape(-1, *heads.shape[2:])[real][:, keep].double()  # (N, k, d)
+    w_heads = w.unflatten(1, (-1, heads.shape[-1]))[:, keep]  # (E, k, d)
+    base = masks.base(unit)[keep].double()  # a trained gate's fixed factor
+    c = torch.einsum("nkd,ekd->nke", heads, w_heads) * base[None, :, None]  # (N, k, E)
+    return torch.einsum("nke,nle->kl", c, c), torch.einsum("nke,ne->k", c, t)
+
+
+def normal_equations(
+    model, masks: Masks, unit: Unit, batches: list[dict]
+) -> tuple[Tensor, Tensor, float, Tensor]:
+    """(AᵀA (k, k), Aᵀt (k,), tᵀt, kept indices) over the calibration batches."""
+    keep = (masks.values[unit] != 0).nonzero().flatten()
+    proj, _ = _modules(model, unit)
+    pad = model.decoder.dictionary.pad()
+    gram = torch.zeros(len(keep), len(keep), dtype=torch.float64)
+    rhs = torch.zeros(len(keep), dtype=torch.float64)
+    tt = 0.0
+    for batch in batches:
+        real = _positions(unit, batch, pad)
+        y_t = capture(model, masks, unit, batch, teacher=True)["y"]
+        got = capture(model, masks, unit, batch, teacher=False)
+        t = y_t.reshape(-1, y_t.shape[-1])[real].double()  # (N, E)
+        if proj.bias is not None:
+            t = t - proj.bias.detach().double()
+        g, r = gram_terms(model, masks, unit, got, keep, real, t)
+        gram += g
+        rhs += r
+        tt += float((t * t).sum())
+    return gram, rhs, tt, keep
+
+
+def solve(gram: Tensor, rhs: Tensor) -> Tensor:
+    """argmin ‖A m − t‖² + λ‖m − 1‖², clamped to [−CLAMP, CLAMP]."""
+    lam = RIDGE * float(gram.diagonal().mean().clamp_min(1e-12))
+    eye = torch.eye(len(rhs), dtype=gram.dtype)
+    m = torch.linalg.solve(gram + lam * eye, rhs + lam)
+    return m.clamp(-CLAMP, CLAMP)
+
+
+def relative_error(gram: Tensor, rhs: Tensor, tt: float, m: Tensor) -> float:
+    """‖A m − t‖² / ‖t‖² from the normal equations."""
+    return float(m @ gram @ m - 2 * m @ rhs + tt) / max(tt, 1e-12)
+
+
+def tune(model, masks: Masks, batches: list[dict]) -> dict[Unit, dict]:
+    """Tune every layer's kept masks in place, in :func:`tuning_order`; return each layer's
+    relative reconstruction error before (masks 0/1) and after."""
+    report = {}
+    for unit in tuning_order(model):
+        if unit not in masks.values or not bool((masks.values[unit] != 0).any()):
+            continue
+        gram, rhs, tt, keep = normal_equations(model, masks, unit, batches)
+        m = solve(gram, rhs)
+        before = relative_error(gram, rhs, tt, torch.ones_like(m))
+        report[unit] = {"before": before, "after": relative_error(gram, rhs, tt, m)}
+        logger.info(f"tuned {unit[0]} layer {unit[1]}: relative error {report[unit]}")
+        values = torch.zeros_like(masks.values[unit])
+        values[keep] = m.float()
+        masks.set({unit: values})
+    return report

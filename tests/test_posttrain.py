@@ -1,0 +1,292 @@
+"""``fairseq-headprune prune`` (Kwon et al. 2022): Fisher importance, budgeted search,
+rearrangement, least-squares tuning and a physically smaller checkpoint that the real
+fairseq-generate and fairseq-train load."""
+
+import copy
+import json
+from argparse import Namespace
+
+import pytest
+import torch
+import torch.nn.functional as F
+from fairseq import checkpoint_utils
+
+import fairseq_headprune  # noqa: F401  registers the plugin, as --user-dir does
+from fairseq_headprune.bench import mac_terms
+from fairseq_headprune.errors import HeadpruneError
+from fairseq_headprune.posttrain.fisher import calibration_batches, fisher
+from fairseq_headprune.posttrain.masks import Masks
+from fairseq_headprune.posttrain.search import (
+    parse_budget,
+    pruned_loss,
+    rearrange,
+    search_cost,
+    search_heads,
+)
+from fairseq_headprune.posttrain.tuning import tune
+from tests.helpers import TINY_ARCH, TRAIN_COMMON, USER_DIR, cli, load_state, train
+
+
+def _load(path, data):
+    (model,), _, task = checkpoint_utils.load_model_ensemble_and_task(
+        [str(path)], arg_overrides={"data": str(data)}
+    )
+    return model.eval(), task
+
+
+def _prune(data, ckpt, out, *args):
+    return cli(
+        "fairseq-headprune", "prune", data, "--path", ckpt, "--out", out,
+        "--calibration-sentences", "96", *args, check=False,
+    )  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def pruned(stock_checkpoint, tiny_data, tmp_path_factory):
+    """The stock model pruned to 50% of its attention + FFN multiply-adds, and its report."""
+    out = tmp_path_factory.mktemp("posttrain") / "p50.pt"
+    proc = _prune(tiny_data, stock_checkpoint, out, "--budget", "macs:0.5", "--json-out",
+                  f"{out}.json")  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return out, json.loads(out.with_name(out.name + ".json").read_text())
+
+
+def _loss(model, batch):
+    net = batch["net_input"]
+    logits = model(net["src_tokens"], net["src_lengths"], net["prev_output_tokens"])[0]
+    pad = model.decoder.dictionary.pad()
+    return F.cross_entropy(logits.transpose(1, 2), batch["target"], ignore_index=pad)
+
+
+def test_fisher_matches_an_independent_gradient(stock_checkpoint, tiny_data):
+    """diag Fisher = Σ_batches (∂L/∂m)². Independently: a mask m on head h scales the columns
+    of out_proj that head h feeds (on neuron j: fc2's column j), so ∂L/∂m = Σ W ⊙ ∂L/∂W over
+    those columns, from ordinary weight gradients of a model without masks or hooks."""
+    model, task = _load(stock_checkpoint, tiny_data)
+    model = model.double()
+    batches = calibration_batches(task, "train", 16, 8)
+    plain = copy.deepcopy(model)
+    diag, blocks = fisher(model, Masks(model), batches)
+    checks = [("enc-self", 0, 2), ("dec-enc", 1, 0), ("dec-self", 0, 3)]
+    checks += [("enc-ffn", 1, 5), ("dec-ffn", 0, 17)]
+    expected = {c: 0.0 for c in checks}
+    for batch in batches:
+        plain.zero_grad()
+        _loss(plain, batch).backward()
+        for site, i, j in checks:
+            layer = (plain.encoder if site.startswith("enc") else plain.decoder).layers[i]
+            if site.endswith("ffn"):
+                w, cols = layer.fc2.weight, slice(j, j + 1)
+            else:
+                attn = layer.encoder_attn if site == "dec-enc" else layer.self_attn
+                w, cols = attn.out_proj.weight, slice(j * attn.head_dim, (j + 1) * attn.head_dim)
+            expected[site, i, j] += float((w.grad[:, cols] * w.data[:, cols]).sum()) ** 2
+    for (site, i, j), value in expected.items():
+        assert value > 0
+        assert diag[site, i][j].item() == pytest.approx(value, rel=1e-5)
+        assert blocks[site, i][j, j].item() == pytest.approx(diag[site, i][j].item())
+    # the blocks are sums of outer products: symmetric and positive semi-definite
+    block = blocks["enc-ffn", 0]
+    assert torch.allclose(block, block.t())
+    assert float(torch.linalg.eigvalsh(block).min()) >= -1e-12 * float(block.diagonal().max())
+
+
+def test_search_respects_the_budget_and_keeps_a_cross_attention_head():
+    g = torch.Generator().manual_seed(0)
+    importance = {(s, i): torch.rand(4, generator=g) for s in ("enc-self", "dec-self")
+                  for i in range(2)}  # fmt: skip
+    importance |= {("dec-enc", i): torch.full((4,), 1e-6) for i in range(2)}  # unimportant
+    importance |= {(s, i): torch.rand(16, generator=g) for s in ("enc-ffn", "dec-ffn")
+                   for i in range(2)}  # fmt: skip
+    cost = {u: (3.0 if u[0] in ("enc-ffn", "dec-ffn") else 40.0) * (1 + u[1]) for u in importance}
+    full = sum(cost[u] * len(t) for u, t in importance.items())
+    for fraction in (0.9, 0.5, 0.2, 0.08):
+        keep = search_cost(importance, cost, fraction * full)
+        assert sum(cost[u] * int(k.sum()) for u, k in keep.items()) <= fraction * full
+        assert all(int(keep["dec-enc", i].sum()) >= 1 for i in range(2))
+    free = search_cost(importance, cost, 0.2 * full, allow_empty_cross=True)
+    assert sum(int(free["dec-enc", i].sum()) for i in range(2)) == 0
+    with pytest.raises(HeadpruneError, match="too small"):
+        search_cost(importance, cost, 50.0)
+    heads = search_heads(importance, 5)
+    assert sum(int(heads[u].sum()) for u in heads if u[0] in ("enc-self", "dec-self")) == 3
+    assert all(int(heads["dec-enc", i].sum()) == 1 for i in range(2))
+    assert all(bool(heads[u].all()) for u in heads if u[0].endswith("ffn"))
+
+
+def test_rearrangement_keeps_the_count_and_lowers_the_loss_estimate():
+    g = torch.Generator().manual_seed(1)
+    grads = torch.randn(50, 8, generator=g, dtype=torch.float64)
+    grads[:, 2] = grads[:, 5]  # two redundant units: pruning both costs more than one
+    block = grads.t() @ grads
+    mask = torch.tensor([True] * 4 + [False] * 4)
+    new = rearrange(mask, block)
+    assert int(new.sum()) == 4
+    assert pruned_loss(block, ~new) <= pruned_loss(block, ~mask)
+
+
+def _unit_output(model, masks, unit, batches, values):
+    """The unit's projection output (out_proj or fc2) on every batch with its masks ``values``."""
+    site, i = unit
+    layer = (model.encoder if site.startswith("enc") else model.decoder).layers[i]
+    proj = layer.fc2 if site.endswith("ffn") else (
+        layer.encoder_attn if site == "dec-enc" else layer.self_attn).out_proj  # fmt: skip
+    masks.set({unit: values})
+    outs = []
+    handle = proj.register_forward_hook(lambda m, i, o: outs.append(o.detach().clone()))
+    with torch.no_grad():
+        for b in batches:
+            n = b["net_input"]
+            model(n["src_tokens"], n["src_lengths"], n["prev_output_tokens"])
+    handle.remove()
+    return outs
+
+
+def test_least_squares_tuning_lowers_every_layer_reconstruction_error(stock_checkpoint, tiny_data):
+    model, task = _load(stock_checkpoint, tiny_data)
+    batches = calibration_batches(task, "train", 48, 16)
+    masks = Masks(model)
+    diag, _ = fisher(model, masks, batches)
+    src, tgt = 7, 7
+    _, terms = mac_terms(model, src, tgt, 5)
+    cost = {u: float(c) for u, (c, _) in terms.items()}
+    keep = search_cost(diag, cost, 0.5 * sum(c * n for c, n in terms.values()))
+    masks.set({u: k.float() for u, k in keep.items()})
+    report = tune(model, masks, batches)
+    tuned = masks.snapshot()
+    teacher = {}
+    for unit in report:  # the unpruned model's outputs: every mask 1
+        masks.set(masks.ones())
+        teacher[unit] = _unit_output(model, masks, unit, batches, torch.ones_like(tuned[unit]))
+    lowered = 0
+    for unit in report:
+        masks.set(tuned)
+        errs = []
+        for values in (keep[unit].float(), tuned[unit]):
+            outs = _unit_output(model, masks, unit, batches, values)
+            errs.append(sum(float(((o - t) ** 2).sum()) for o, t in zip(outs, teacher[unit])))
+        assert errs[1] <= errs[0] * (1 + 1e-5), unit
+        lowered += errs[1] < 0.99 * errs[0]
+    assert lowered >= len(report) // 2
+
+
+def test_exported_model_equals_the_masked_tuned_model(pruned, stock_checkpoint, tiny_data):
+    out, report = pruned
+    small, task = _load(out, tiny_data)
+    model, _ = _load(stock_checkpoint, tiny_data)
+    masks = Masks(model)
+    masks.set({(k.rsplit(".", 1)[0], int(k.rsplit(".", 1)[1])): torch.tensor(v)
+               for k, v in report["masks"].items()})  # fmt: skip
+    for batch in calibration_batches(task, "valid", 40, 20):
+        n = batch["net_input"]
+        with torch.no_grad():
+            a = small(n["src_tokens"], n["src_lengths"], n["prev_output_tokens"])[0]
+            b = model(n["src_tokens"], n["src_lengths"], n["prev_output_tokens"])[0]
+        assert (a - b).abs().max() <= 1e-4
+    # physically smaller: widths and parameters follow the kept units
+    state = load_state(out)["model"]
+    kept = report["kept_heads"]
+    for i, rows in enumerate(kept["enc-ffn"]):
+        assert state[f"encoder.layers.{i}.fc1.weight"].shape[0] == len(rows)
+    assert report["params_after"] < report["params_before"]
+    assert sum(p.numel() for p in small.parameters()) < sum(p.numel() for p in model.parameters())
+    # the MAC budget holds for the exported model, counted by the plugin's MAC model
+    lengths = report["lengths"]
+    args = (lengths["src"], lengths["tgt"], lengths["beam"])
+    full = sum(c * n for c, n in mac_terms(model, *args)[1].values())
+    assert sum(c * n for c, n in mac_terms(small, *args)[1].values()) <= 0.5 * full
+    assert all(len(rows) >= 1 for rows in kept["dec-enc"])
+
+
+def test_pruned_checkpoint_generates_and_trains_with_stock_clis(pruned, tiny_data, tmp_path):
+    out, _ = pruned
+    gen = cli("fairseq-generate", tiny_data, "--user-dir", USER_DIR, "--path", out, "--cpu",
+              "--beam", "4", "--batch-size", "8").stdout  # fmt: skip
+    assert sum(line.startswith("H-") for line in gen.splitlines()) == 24
+    ft = tmp_path / "ft"
+    cli(
+        "fairseq-train", tiny_data, "--user-dir", USER_DIR, "--arch", "gated_transformer",
+        *TINY_ARCH, *TRAIN_COMMON, "--kept-heads", f"{out}.heads.json", "--head-gates", "none",
+        "--finetune-from-model", out, "--max-update", "3", "--save-dir", ft,
+    )  # fmt: skip
+    before, after = load_state(out)["model"], load_state(ft / "checkpoint_last.pt")["model"]
+    for key in ("decoder.layers.1.fc1.weight", "encoder.layers.0.self_attn.q_proj.weight"):
+        if key in before:
+            assert after[key].shape == before[key].shape
+
+
+def test_stock_arch_preset_and_head_budget(tiny_data, tmp_path):
+    ckpt = train(tiny_data, tmp_path / "iwslt", "--max-update", "10",
+                 arch="transformer_iwslt_de_en")  # fmt: skip
+    out = tmp_path / "h5.pt"
+    proc = _prune(tiny_data, ckpt, out, "--budget", "heads:5", "--json-out", f"{out}.json")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    kept = json.loads(out.with_name("h5.pt.json").read_text())["kept_heads"]
+    assert sum(len(r) for s in ("enc-self", "dec-self", "dec-enc") for r in kept[s]) == 5
+    assert [len(r) for r in kept["dec-ffn"]] == [32, 32]
+    cli("fairseq-generate", tiny_data, "--user-dir", USER_DIR, "--path", out, "--cpu")
+
+
+def test_bad_input(stock_checkpoint, tiny_data, tmp_path):
+    out = tmp_path / "x.pt"
+    for budget in ("macs:0", "macs:1.5", "flops:0.5", "heads:0", "heads:99"):
+        proc = _prune(tiny_data, stock_checkpoint, out, "--budget", budget)
+        assert proc.returncode != 0 and "--budget" in proc.stderr, proc.stderr[-2000:]
+        assert len(proc.stderr.strip().splitlines()) == 1 or "error: --budget" in proc.stderr
+    proc = _prune(tiny_data, stock_checkpoint, out, "--budget", "macs:0.5", "--subset", "nope")
+    assert proc.returncode != 0 and "--subset nope" in proc.stderr
+    lm = tmp_path / "lm.pt"
+    torch.save({"model": {"decoder.layers.0.fc1.weight": torch.zeros(2, 2)},
+                "cfg": {"model": Namespace(arch="transformer_lm")}}, lm)  # fmt: skip
+    proc = _prune(tiny_data, lm, out, "--budget", "macs:0.5")
+    assert proc.returncode != 0 and f"--path {lm}" in proc.stderr
+    assert not out.exists()
+    out.write_text("keep me")
+    proc = _prune(tiny_data, stock_checkpoint, out, "--budget", "macs:0.5")
+    assert proc.returncode != 0 and "--force" in proc.stderr and out.read_text() == "keep me"
+    with pytest.raises(HeadpruneError):
+        parse_budget("macs:abc")
+
+
+def test_latency_budget(stock_checkpoint, tiny_data, tmp_path, monkeypatch):
+    """latency:F measures seconds per head/neuron kind on this machine and searches with them;
+    a budget below the time no head or neuron explains is refused before anything is written."""
+    from fairseq_headprune.posttrain import command
+    from fairseq_headprune.posttrain.latency import latency_terms
+
+    model, task = _load(stock_checkpoint, tiny_data)
+    batch = calibration_batches(task, "valid", 8, 8)[0]
+    full, constant, terms = latency_terms(model, batch, beam=2, steps=4, repeats=1)
+    assert full > 0 and 0 <= constant <= full
+    assert sum(c * n for c, n in terms.values()) == pytest.approx(full - constant)
+    assert {n for (site, _), (_, n) in terms.items() if site.endswith("ffn")} == {32}
+
+    fake = {u: (0.01, n) for u, (_, n) in terms.items()}
+    monkeypatch.setattr(command, "latency_terms", lambda *a, **k: (4.0, 2.0, fake))
+    args = Namespace(subset="valid", latency_batch_size=4, seed=1, beam=5)
+    with pytest.raises(HeadpruneError, match="latency:0.4: no mask can meet it"):
+        command.latency_budget(args, task, model, 0.4, 7)
+    cost, allowed, _ = command.latency_budget(args, task, model, 0.75, 7)
+    assert allowed == pytest.approx(1.0) and set(cost.values()) == {0.01}
+
+    out = tmp_path / "lat.pt"
+    proc = _prune(tiny_data, stock_checkpoint, out, "--budget", "latency:0.9",
+                  "--latency-batch-size", "4", "--json-out", f"{out}.json")  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    report = json.loads(out.with_name("lat.pt.json").read_text())
+    assert report["latency"]["seconds_full"] > 0
+
+
+def test_bench_predicts_the_decoder_speedup_of_pruned_neurons(pruned, stock_checkpoint, tiny_data):
+    out, report = pruned
+    proc = cli(
+        "fairseq-headprune", "bench", tiny_data, "--full", stock_checkpoint, "--pruned", out,
+        "--batch-sizes", "4", "--repeats", "1", "--max-sentences", "8",
+        "--json-out", f"{out}.bench.json",
+    )  # fmt: skip
+    bench = json.loads(out.with_name(out.name + ".bench.json").read_text())
+    rows = {r["what"]: r for r in bench["rows"]}
+    assert rows["decoder (beam-enc)"]["predicted"] > 1
+    assert bench["params"]["pruned"] < bench["params"]["full"]
+    assert bench["mac_allowed_speedup"] > rows["generate beam 5"]["predicted"] > 1
+    assert "the MAC model's limit for beam search" in proc.stdout
