@@ -73,7 +73,7 @@ mkdir -p "$WORK_DIR/report"
 for run in "${runs[@]}"; do
   name="${run%%=*}" dir="${run#*=}"
   bash "$HERE/evaluate.sh" "$name" "$dir/checkpoint_last.pt"
-  python "$HERE/lib/gate_trajectory.py" "$dir" --scores "$scores/heads.json" \
+  study gate_trajectory "$dir" --scores "$scores/heads.json" \
     > "$WORK_DIR/report/trajectory-$(basename "$dir").txt"
 done
 

@@ -13,7 +13,7 @@
 #   FREEZE_DECODER  1: --freeze-decoder, encoder-only pruning as in the paper [1]
 #   MAX_EPOCH    fine-tuning epochs [10]      LR [5e-4]      GATE_LR_SCALE [20]
 #   TRAJECTORY_INTERVAL  record every gate each N updates in $PRUNE_DIR/gate_trajectory.jsonl
-#                (read by recipes/lib/gate_trajectory.py; 0: off) [25]
+#                (read by recipes/study/gate_trajectory.py; 0: off) [25]
 #   EXTRA_ARGS   appended to fairseq-train
 # The pruned model is $PRUNE_DIR/checkpoint_last.pt, the end of the fine-tuning: fairseq's
 # checkpoint_best.pt (lowest validation nll) can be from before the gates closed, when more
@@ -58,7 +58,7 @@ if [[ -f "$PRUNE_DIR/DONE" ]]; then log "already pruned: $PRUNE_DIR"; export_pru
 mkdir -p "$PRUNE_DIR"
 freeze=(); [[ "$FREEZE_DECODER" == 1 ]] && freeze=(--freeze-decoder)
 # shellcheck disable=SC2207
-model_flags=($(python "$HERE/lib/model_flags.py" "$BASELINE"))
+model_flags=($(fairseq-headprune flags "$BASELINE"))
 log "pruning $BASELINE -> $PRUNE_DIR (${budget[*]}, gates=$HEAD_GATES)"
 # shellcheck disable=SC2086
 fairseq-train "$DATA_BIN" --user-dir "$USER_DIR" \

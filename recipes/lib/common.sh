@@ -13,6 +13,12 @@ USER_DIR="${USER_DIR:-$REPO_ROOT/fairseq_headprune}"
 # from epoch 40 on.
 BASELINE_EPOCHS_DEFAULT=55
 
+# study MODULE ARGS: the study's Python, the package recipes/study/ (python -m recipes.study.MODULE)
+study() {
+  local module="$1"
+  shift
+  PYTHONPATH="$REPO_ROOT${PYTHONPATH:+:$PYTHONPATH}" python -m "recipes.study.$module" "$@"
+}
 log() { echo "[$(date +%H:%M:%S)] $*" >&2; }
 die() { echo "error: $*" >&2; exit 1; }
 # take N: the first N lines of stdin, or all of them when N is 0

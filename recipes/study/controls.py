@@ -20,7 +20,7 @@ Subcommands (each writes JSON that ``fairseq-headprune export --mask`` reads):
   ``"steps"``.
 - ``record --eval-dir DIR --method M --checkpoint CKPT --kept HEADS_JSON [--seed S]
   [--setting TEXT] [--baseline NAME] [--selected last]``: write ``DIR/model.json``, which
-  ``recipes/report.py`` reads (with the kept and total heads per attention type, counted from
+  ``recipes.study.records`` reads (with the kept and total heads per attention type, from
   CKPT; ``"selected": "last"`` for a run's last checkpoint, whose random draws it averages
   apart from those of best checkpoints).
 """

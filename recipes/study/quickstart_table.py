@@ -9,19 +9,17 @@ from __future__ import annotations
 import argparse
 import json
 import logging
-import sys
 from pathlib import Path
+
+from recipes.study.records import checkpoint_info
 
 # fairseq logs a notice about tensorboardX (used by its text-to-speech task) on import
 logging.getLogger("fairseq.tasks.text_to_speech").setLevel(logging.WARNING)
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # recipes/, for report.py
-
-from report import checkpoint_info  # noqa: E402
 
 
 def table(eval_dir: Path, split: str, models: list[tuple[str, str]]) -> str:
     """Rows of (name, encoder heads kept, BLEU on ``split``): the heads counted as
-    recipes/report.py counts them, the BLEU from evaluate.sh's JSONs."""
+    the report counts them (recipes.study.records), the BLEU from evaluate.sh's JSONs."""
     lines = [f"{'model':<17} {'encoder heads':>13}   BLEU {split}"]
     for name, checkpoint in models:
         kept = checkpoint_info(Path(checkpoint))["heads"]["enc-self"][0]

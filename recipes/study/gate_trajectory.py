@@ -1,6 +1,6 @@
 """The update at which each head's gate closed during a pruning run.
 
-    python recipes/lib/gate_trajectory.py PRUNE_DIR [--json OUT.json]
+    python -m recipes.study.gate_trajectory PRUNE_DIR [--json OUT.json]
 
 Voita et al. 2019 (Fig. 8) show when each gate of a pruning run closes. ``recipes/prune.sh``
 passes ``--gate-trajectory-interval`` to the L0 criterion, which appends the gates to
@@ -26,6 +26,11 @@ LRP relevance, confidence and the positional fraction) and the update at which i
 closed: Voita et al. find that the heads pruned last are the most relevant and confident
 ones, and the specialised (positional, syntactic) ones. Heads that closed between the same
 two snapshots are ordered by their P(open) in the snapshot before (the lower, the earlier).
+
+The trajectory format has one home, its writer ``fairseq_headprune/l0_criterion.py``
+(``TRAJECTORY_FILE``): one JSON line per snapshot, ``{"num_updates": U, "sites": {type:
+{"prob_open": [[p per head] per layer], "gate": [[g per head] per layer], ...}}}``, the
+tables of ``gated_transformer.gate_summary``. This module only reads it.
 """
 
 from __future__ import annotations
@@ -37,7 +42,7 @@ from pathlib import Path
 from fairseq_headprune.checkpoint_io import load_checkpoint
 from fairseq_headprune.l0_criterion import TRAJECTORY_FILE
 
-# heads.json fields correlated with the closing update by default (``--metrics``, report.py)
+# heads.json fields correlated with the closing update by default (``--metrics``, the report)
 CLOSING_METRICS = ("lrp", "confidence", "positional_fraction")
 # what Spearman's ρ ranks: scores, and closing orders (update, P(open) before closing)
 Rankable = float | tuple[float, ...]
