@@ -31,6 +31,7 @@ stock transformer all heads (method ``baseline``).
 
 from __future__ import annotations
 
+import gzip
 import json
 import statistics
 from collections import defaultdict
@@ -205,12 +206,23 @@ def budget_key(row: dict) -> tuple | None:
     return row.get("baseline", ""), tuple(sorted((s, v[0]) for s, v in row["heads"].items()))
 
 
+def read_hypotheses(folder: Path, split: str) -> tuple[Path, list[str]] | None:
+    """``folder/<split>.hyp`` (evaluate.sh), or gzipped as committed (``<split>.hyp.gz``): the
+    file and its lines; None when neither is there."""
+    for hyp_file in (folder / f"{split}.hyp", folder / f"{split}.hyp.gz"):
+        if hyp_file.is_file():
+            data = hyp_file.read_bytes()
+            data = gzip.decompress(data) if hyp_file.suffix == ".gz" else data
+            return hyp_file, data.decode("utf-8").splitlines()
+    return None
+
+
 def hypotheses(work: Path, name: str, split: str, n_refs: int) -> list[str] | None:
-    """eval/NAME/<split>.hyp (evaluate.sh), one line per reference; None when not there."""
-    hyp_file = work / "eval" / name / f"{split}.hyp"
-    if not hyp_file.is_file():
+    """eval/NAME/<split>.hyp, one line per reference; None when not there."""
+    found = read_hypotheses(work / "eval" / name, split)
+    if found is None:
         return None
-    hyps = hyp_file.read_text(encoding="utf-8").splitlines()
+    hyp_file, hyps = found
     if len(hyps) != n_refs:
         raise SystemExit(f"error: {hyp_file} has {len(hyps)} lines for {n_refs} references")
     return hyps

@@ -6,6 +6,8 @@ encoder heads, and joint pruning with the heads kept per attention type.
 
 from __future__ import annotations
 
+import argparse
+import csv
 from pathlib import Path
 
 from recipes.study.lengths import length_markdown
@@ -195,3 +197,47 @@ def paired_markdown(result: dict, rows: list[dict]) -> list[str]:
         lines += ["", "Not tested, as the baseline they were made from has no hypotheses here: "
                   + ", ".join(f"{n} ({b})" for n, b in sorted(untested.items())) + "."]  # fmt: skip
     return lines
+
+
+SUMMARY_HEADER = (
+    "| baseline | model | method | heads kept (enc / dec-self / dec-enc) | checkpoint "
+    "| valid | test 2016 | test 2017 | MSCOCO 2017 | BP 2016 | Δ 2016 (vs) | p |"
+)
+
+
+def summary_markdown(rows: list[dict]) -> str:
+    """The results document's final table, one line per row of results/summary.csv: BLEU on
+    validation and the three test sets, brevity penalty, difference to the fair reference."""
+    order = list(METHODS) + ["exported", "?"]
+
+    def key(r: dict) -> tuple:
+        method = order.index(r["method"]) if r["method"] in order else len(order)
+        return r["dataset"], r["baseline"], method, -int(r["enc_self_kept"] or 0), r["model"]
+
+    lines = [SUMMARY_HEADER, "|---|---|---|---|---|" + "---:|" * 7]
+    for r in sorted(rows, key=key):
+        kept = " / ".join(r[k] or "?" for k in ("enc_self_kept", "dec_self_kept", "dec_enc_kept"))
+        method = r["method"] + (f" ({r['setting']})" if r["setting"] else "")
+        delta = f"{r['delta_test_2016_flickr']} ({r['reference']})" if r["reference"] else "–"
+        splits = ("valid", "test_2016_flickr", "test_2017_flickr", "test_2017_mscoco")
+        bleu = [f"{float(r[s]):.2f}" if r[s] else "–" for s in splits]
+        bp = f"{float(r['bp_test_2016_flickr']):.3f}" if r["bp_test_2016_flickr"] else "–"
+        cells = [
+            r["baseline"], r["model"], method, kept, r["checkpoint"], *bleu, bp, delta,
+            r["p_test_2016_flickr"] or "–",
+        ]  # fmt: skip
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> None:
+    """``python -m recipes.study.tables results/summary.csv``: print the final table."""
+    p = argparse.ArgumentParser(description=summary_markdown.__doc__.split("\n")[0])
+    p.add_argument("summary", type=Path, help="results/summary.csv")
+    args = p.parse_args(argv)
+    with args.summary.open(encoding="utf-8") as f:
+        print(summary_markdown(list(csv.DictReader(f))))
+
+
+if __name__ == "__main__":
+    main()
