@@ -1,5 +1,6 @@
 """Every recipe script, as the README runs them, on a few hundred real Multi30k sentences."""
 
+import gzip
 import json
 import os
 import re
@@ -706,50 +707,39 @@ def test_report_from_committed_files(quickstart_work, tmp_path):
         report.main(["--work-dir", str(committed), "--raw-dir", str(tmp_path / "none")])
 
 
-def test_report_committed_reads_the_controls_last_checkpoints(tmp_path):
-    """report-committed.sh on a study's committed files: a control's hand-evaluated last
-    checkpoint (eval-last/) joins the report with its control's record, and is tested
-    against the pruning run; one whose run has no evaluation in the study is an error."""
+def test_report_reads_a_committed_study(tmp_path):
+    """The report of a committed study folder (results/multi30k-en-de/prenorm-b: gzipped
+    hypotheses, model records, the gate trajectory, the baseline's head scores), its run
+    folder gone: every row, the control paired with the pruning run of the same heads."""
     if not SHARED.is_dir():
         pytest.skip("needs the Multi30k test sets the committed hypotheses were scored on")
-    committed = REPO / "results" / "multi30k-en-de" / "cpu-recipe"
-    third = committed / "third-baseline"  # the fourth's are in eval/ now, evaluated by run.sh
+    from recipes.study import report
+
+    committed = REPO / "results" / "multi30k-en-de" / "prenorm-b"
     study = tmp_path / "study"
-    parts = ["eval/baseline", "eval/pruned-k4", "eval/random-s2-k4", "eval-last/random-s2-k4-last"]
-    for part in parts + ["prune/enc-self-k4", "scores-baseline"]:
-        shutil.copytree(third / part, study / part)
-    command = ["bash", str(committed / "report-committed.sh"), "--out-dir", str(tmp_path / "out")]
-    env = {**os.environ, "STUDY": str(study), "RAW_DIR": str(SHARED)}
-    proc = subprocess.run(command, env=env, capture_output=True, text=True)
-    assert proc.returncode == 0, proc.stderr[-2000:]
+    for part in ["eval/baseline", "eval/pruned-k4", "eval/random-s2-k4-last", "prune/enc-self-k4",
+                 "scores-baseline"]:  # fmt: skip
+        shutil.copytree(committed / part, study / part)
+    scores = study / "scores-baseline" / "heads.json"
+    report.main([
+        "--work-dir", str(study), "--raw-dir", str(SHARED), "--scores", str(scores),
+        "--out-dir", str(tmp_path / "out"),
+    ])  # fmt: skip
     text = (tmp_path / "out" / "report.md").read_text()
-    last = third / "eval-last" / "random-s2-k4-last"
+    last = committed / "eval" / "random-s2-k4-last"
     splits = ("val", "test_2016_flickr", "test_2017_flickr", "test_2017_mscoco")
     bleu = [str(json.loads((last / f"{s}.json").read_text())["bleu"]) for s in splits]
     row = next(line for line in text.splitlines() if line.startswith("| random-s2-k4-last |"))
-    setting = "seed 2, third baseline, last checkpoint"  # its record names its baseline
-    assert row == f"| random-s2-k4-last | random | {setting} | 4/48 | {' | '.join(bleu)} |"
+    assert (
+        row
+        == f"| random-s2-k4-last | random | seed 2, last checkpoint | 4/48 | {' | '.join(bleu)} |"
+    )
     pairs = json.loads((tmp_path / "out" / "paired_controls.json").read_text())["pairs"]
-    pairs = {p["model"]: p for p in pairs}
-    assert set(pairs) == {"random-s2-k4", "random-s2-k4-last"}
-    assert {p["against"] for p in pairs.values()} == {"pruned-k4"}
+    assert [(p["model"], p["against"]) for p in pairs] == [("random-s2-k4-last", "pruned-k4")]
     refs = (SHARED / "test_2016_flickr.de").read_text().splitlines()
-    hyps = (last / "test_2016_flickr.hyp").read_text().splitlines()
-    assert pairs["random-s2-k4-last"]["bleu"] == round(BLEU().corpus_score(hyps, [refs]).score, 2)
-    # the same checkpoint evaluated by run.sh too (eval/<name>-last with its record): listed once
-    shutil.copytree(last, study / "eval" / "random-s2-k4-last")
-    record = json.loads((study / "eval" / "random-s2-k4" / "model.json").read_text())
-    record.update(checkpoint=(last / "checkpoint").read_text().strip(), selected="last")
-    (study / "eval" / "random-s2-k4-last" / "model.json").write_text(json.dumps(record))
-    proc = subprocess.run(command, env=env, capture_output=True, text=True)
-    assert proc.returncode == 0, proc.stderr[-2000:]
-    text = (tmp_path / "out" / "report.md").read_text()
-    assert text.count(row) == 1
-    shutil.rmtree(study / "eval" / "random-s2-k4-last")
-    shutil.rmtree(study / "eval" / "random-s2-k4")  # the control's own evaluation gone
-    proc = subprocess.run(command, env=env, capture_output=True, text=True)
-    assert proc.returncode != 0
-    assert "no evaluation in" in proc.stderr and "(random-s2-k4-last)" in proc.stderr
+    hyps = gzip.decompress((last / "test_2016_flickr.hyp.gz").read_bytes()).decode().splitlines()
+    assert pairs[0]["bleu"] == round(BLEU().corpus_score(hyps, [refs]).score, 2)
+    assert "## The surviving heads" in text and "## When the gates closed" in text
 
 
 def test_report_differences_are_to_each_models_own_baseline(tmp_path):
