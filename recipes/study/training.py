@@ -11,7 +11,7 @@ from pathlib import Path
 
 
 def read_logs(logs: Path | list[Path]) -> str:
-    """One run's log text: a file, or the files a run resumed across sessions left, in order."""
+    """One run's log text: a file, or the files of a resumed run, in order."""
     return "\n".join(
         f.read_text(errors="replace") for f in ([logs] if isinstance(logs, Path) else logs)
     )
