@@ -9,7 +9,7 @@
 # recipe's defaults are larger. The quickstart keeps an exact budget of encoder heads
 # (--target-heads, the paper's ~10-head operating point) rather than a λ, whose head count
 # depends on the baseline: λ 0.05 kept 1 head of the post-norm 4-epoch baseline and none of
-# the pre-norm one (docs/results.md). 2 pruning epochs are 272 updates: at prune.sh's gate
+# the pre-norm one. 2 pruning epochs are 272 updates: at prune.sh's gate
 # scale of 20 a gate needs 540 to close, so the quickstart moves the gates 3 times faster
 # (180 updates); the target reaches K at update 200 and the gates settle on exactly K after.
 set -euo pipefail

@@ -641,7 +641,7 @@ def test_full_study_in_one_command(quickstart_work, raw_dir):
 
 
 def test_report_from_committed_files(quickstart_work, tmp_path):
-    """The run folder gone: a report from what collect.sh commits (evaluations, hypotheses,
+    """The run folder gone: a report from what a study commits (evaluations, hypotheses,
     model.json records, the gate trajectory) and the raw text elsewhere (--raw-dir) has the
     full study's surviving heads, closing order, length buckets and paired tests; a run made
     from another baseline is left out of the head sections (the scores are not its model's)."""
@@ -846,7 +846,7 @@ def test_report_shows_how_far_training_got(tiny_data, tmp_path):
     log.write_text("\n".join(ln for ln in text if "Saved checkpoint" not in ln))
     ties = [(1, 10, 2.5), (2, 20, 2.25), (3, 30, 2.25), (4, 40, 2.375)]
     assert training.best_epoch(log, ties) == (3, 30, 2.25)
-    # the run folder gone: the epoch lines collect.sh commits, named by the model.json
+    # the run folder gone: the epoch lines a study commits, named by the model.json
     work = tmp_path / "work"
     (work / "eval" / "first-baseline").mkdir(parents=True)
     (work / "eval" / "first-baseline" / "val.json").write_text('{"bleu": 30.0}')
