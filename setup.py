@@ -14,17 +14,23 @@ setup(
     python_requires=">=3.10",
     packages=find_packages(include=["fairseq_headprune", "fairseq_headprune.*"]),
     package_data={"fairseq_headprune.scoring": ["heads.schema.json"]},
+    # Compatible ranges; the exact versions the tests run with are in constraints.txt.
+    # fairseq itself is not listed: one of fairseq 0.12.x (Python <= 3.10) or its fork
+    # fairseq-fixed 0.12.x (imports on Python 3.11) must be installed, which pip cannot express
+    # as a requirement; the extras below pick one. Both sdists build against the torch already
+    # installed (scripts/setup.sh: pip install --no-build-isolation).
     install_requires=[
-        # CPU wheel here; scripts/setup.sh installs it first so nothing pulls a CUDA build.
-        "torch==2.13.0",
-        # fairseq 0.12 fork that imports on Python 3.11 (the official 0.12.2 does not).
-        "fairseq-fixed==0.12.3.1",
-        "sacrebleu>=2.4,<3",
-        "sentencepiece>=0.2",
-        "stanza>=1.9",
-        "matplotlib>=3.8",
-        "numpy>=1.26",
+        "torch>=2.1",
+        "sacrebleu>=2.0,<3",
+        "sentencepiece>=0.1.99",
+        "numpy>=1.24",
     ],
-    extras_require={"dev": ["pytest>=8", "pytest-xdist>=3.5", "ruff==0.17.6"]},
+    extras_require={
+        "fairseq": ["fairseq>=0.12,<0.13"],
+        "fairseq-fixed": ["fairseq-fixed>=0.12,<0.13"],
+        # `fairseq-headprune score` (heatmaps, --parse stanza) and the study's plots
+        "analysis": ["matplotlib>=3.6", "stanza>=1.5"],
+        "dev": ["pytest>=8", "pytest-xdist>=3.5", "ruff>=0.17"],
+    },
     entry_points={"console_scripts": ["fairseq-headprune = fairseq_headprune.cli:main"]},
 )

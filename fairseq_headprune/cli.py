@@ -20,6 +20,7 @@ from fairseq_headprune.bench import add_bench_parser
 from fairseq_headprune.checkpoint_io import gates_from_state, load_checkpoint
 from fairseq_headprune.errors import read_json, show_traceback, user_error
 from fairseq_headprune.export import export_pruned, mask_from_scores
+from fairseq_headprune.flags import add_flags_parser
 from fairseq_headprune.gated_transformer import gate_summary, parse_sites
 from fairseq_headprune.posttrain.command import add_prune_parser
 from fairseq_headprune.scoring.command import add_score_parser
@@ -127,6 +128,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_export_parser(sub)
     add_bench_parser(sub)
     add_prune_parser(sub)
+    add_flags_parser(sub)
     return parser
 
 

@@ -28,7 +28,7 @@
 #   fairseq-train (train_baseline.sh, finetune_pruned.sh)
 #
 # Runs, each in $WORK_DIR/controls/<name>-<tag> (tag k<K>, e.g. k6) and evaluated as
-# $WORK_DIR/eval/<name>-<tag>/ (with a model.json for recipes/report.py):
+# $WORK_DIR/eval/<name>-<tag>/ (with a model.json for recipes/report.sh):
 #   masked       the pruned structure cut from the baseline's weights, not fine-tuned: what
 #                fine-tuning after pruning buys (named masked-<pruned run>, as it is not
 #                determined by the budget alone)
@@ -101,7 +101,7 @@ else
   fi
   what=(--kept "$structure") source_of_budget="$PRUNED"
 fi
-{ read -r tag; read -r budget; } < <(python "$HERE/lib/controls.py" budget --baseline "$BASELINE" "${what[@]}")
+{ read -r tag; read -r budget; } < <(study controls budget --baseline "$BASELINE" "${what[@]}")
 [[ -n "${budget:-}" ]] || die "could not read the head budget of $source_of_budget"
 log "budget of $source_of_budget: $budget (runs: $ctl/*-$tag)"
 
@@ -109,7 +109,7 @@ evaluate() {  # NAME METHOD CKPT KEPT_JSON [SEED]; SELECTED=last: a checkpoint_l
   local name="$1" method="$2" ckpt="$3" kept="$4" extra=()
   [[ $# -ge 5 ]] && extra+=(--seed "$5")
   [[ "${SELECTED:-}" == last ]] && extra+=(--selected last)
-  python "$HERE/lib/controls.py" record --eval-dir "$WORK_DIR/eval/$name" --method "$method" \
+  study controls record --eval-dir "$WORK_DIR/eval/$name" --method "$method" \
     --checkpoint "$ckpt" --kept "$kept" "${extra[@]}"
   bash "$HERE/evaluate.sh" "$name" "$ckpt"
 }
@@ -160,14 +160,14 @@ for control in $CONTROLS; do
       fi
       cp "$structure" "$run/kept_heads.json"
       # the baseline's own shape, dropout and norm flags (NORM=post adds no norm flag of its own)
-      model_flags="$(python "$HERE/lib/model_flags.py" "$BASELINE")"
+      model_flags="$(fairseq-headprune flags "$BASELINE")"
       if [[ -z "$SCRATCH_EPOCHS" ]]; then  # as many epochs as the baseline's own run
         last="$(dirname "$BASELINE")/checkpoint_last.pt"
         if [[ -f "$last" ]]; then
-          SCRATCH_EPOCHS="$(python "$HERE/lib/epochs_trained.py" "$last")"
+          SCRATCH_EPOCHS="$(study epochs_trained "$last")"
           log "from scratch for $SCRATCH_EPOCHS epochs, as many as the baseline ($last)"
         else  # e.g. the committed baseline, saved without its run folder
-          SCRATCH_EPOCHS="$(python "$HERE/lib/epochs_trained.py" "$BASELINE")"
+          SCRATCH_EPOCHS="$(study epochs_trained "$BASELINE")"
           log "from scratch for $SCRATCH_EPOCHS epochs, as many as $BASELINE had trained"
         fi
       fi
@@ -180,7 +180,7 @@ for control in $CONTROLS; do
       for seed in $SEEDS; do
         run="$ctl/random-s$seed-$tag"
         mkdir -p "$run"
-        [[ -s "$run/mask.json" ]] || python "$HERE/lib/controls.py" topk --scores "$(scores)" \
+        [[ -s "$run/mask.json" ]] || study controls topk --scores "$(scores)" \
           --metric "random:$seed" --budget "$budget" --out "$run/mask.json"
         prune_and_finetune "random-s$seed-$tag" random "$seed"
       done
@@ -188,7 +188,7 @@ for control in $CONTROLS; do
     michel)
       run="$ctl/michel-$tag"
       mkdir -p "$run"
-      [[ -s "$run/mask.json" ]] || python "$HERE/lib/controls.py" michel --data "$DATA_BIN" \
+      [[ -s "$run/mask.json" ]] || study controls michel --data "$DATA_BIN" \
         --path "$BASELINE" --budget "$budget" --step "$MICHEL_STEP" \
         --max-sentences "$SCORE_SENTENCES" --out "$run/mask.json"
       prune_and_finetune "michel-$tag" michel
@@ -196,11 +196,11 @@ for control in $CONTROLS; do
     lrp)
       run="$ctl/lrp-$tag"
       mkdir -p "$run"
-      [[ -s "$run/mask.json" ]] || python "$HERE/lib/controls.py" topk --scores "$(scores)" \
+      [[ -s "$run/mask.json" ]] || study controls topk --scores "$(scores)" \
         --metric lrp --budget "$budget" --out "$run/mask.json"
       prune_and_finetune "lrp-$tag" lrp
       ;;
     *) die "unknown control '$control' (choose from: masked refit scratch random michel lrp)" ;;
   esac
 done
-log "controls done: $ctl/*-$tag; table: python recipes/report.py"
+log "controls done: $ctl/*-$tag; table: bash recipes/report.sh"

@@ -7,7 +7,7 @@
 # BATCH_SIZE [64], SUBSETS ["test test1 test2"] (= test_2016_flickr,
 # test_2017_flickr, test_2017_mscoco), WORK_DIR, DATA_BIN. Writes
 # $WORK_DIR/eval/NAME/<split>.{gen,hyp,json} and eval/NAME/checkpoint (the checkpoint's path,
-# which recipes/report.py reads); skips splits already scored, and refuses a NAME already
+# which recipes/report.sh reads); skips splits already scored, and refuses a NAME already
 # used for another checkpoint.
 set -euo pipefail
 HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
@@ -40,6 +40,6 @@ for subset in $SUBSETS; do
     --batch-size "$BATCH_SIZE" \
     --required-batch-size-multiple 1 --post-process sentencepiece > "$out/$split.gen.tmp"
   mv "$out/$split.gen.tmp" "$out/$split.gen"
-  python "$HERE/lib/bleu.py" "$out/$split.gen" "$WORK_DIR/raw/$split.$TGT" \
+  study bleu "$out/$split.gen" "$WORK_DIR/raw/$split.$TGT" \
     --hyp-out "$out/$split.hyp" --json-out "$out/$split.json" | sed "s/^/$name $split: /"
 done

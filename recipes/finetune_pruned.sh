@@ -39,7 +39,7 @@ mkdir -p "$run"
 gates=(--head-gates none)
 [[ "$FREEZE_DECODER" == 1 ]] && gates=(--head-gates enc-self --head-gate-init-log-alpha "$GATE_INIT" --head-gate-lr-scale 1 --freeze-decoder)
 # shellcheck disable=SC2207
-model_flags=($(python "$HERE/lib/model_flags.py" "$pruned"))
+model_flags=($(fairseq-headprune flags "$pruned"))
 log "fine-tuning $pruned -> $run ($MAX_EPOCH epochs)"
 # shellcheck disable=SC2086
 fairseq-train "$DATA_BIN" --user-dir "$USER_DIR" \

@@ -128,13 +128,13 @@ for run in "${runs[@]}"; do
   bash "$HERE/evaluate.sh" "$name" "$dir/checkpoint_last.pt"
   if [[ "$PHASE2_EPOCHS" -gt 0 ]]; then
     for seed in $PHASE2_SEEDS; do
-      python "$HERE/lib/controls.py" record --eval-dir "$WORK_DIR/eval/$name-s$seed" \
+      study controls record --eval-dir "$WORK_DIR/eval/$name-s$seed" \
         --method two-phase --checkpoint "$dir/phase2-s$seed/checkpoint_best.pt" \
         --kept "$dir/pruned.pt.heads.json" --seed "$seed"
       bash "$HERE/evaluate.sh" "$name-s$seed" "$dir/phase2-s$seed/checkpoint_best.pt"
     done
   fi
-  python "$HERE/lib/gate_trajectory.py" "$dir" --scores "$scores/heads.json" \
+  study gate_trajectory "$dir" --scores "$scores/heads.json" \
     > "$WORK_DIR/report/trajectory-$(basename "$dir").txt"
 done
 

@@ -73,14 +73,14 @@ if [[ -n "$VOCAB_FROM" ]]; then
 fi
 if [[ ! -s "$spmdir/spm.model" ]]; then
   log "training SentencePiece (vocab $VOCAB_SIZE)"
-  python "$HERE/lib/spm.py" train --model-prefix "$spmdir/spm" --vocab-size "$VOCAB_SIZE" \
+  study spm train --model-prefix "$spmdir/spm" --vocab-size "$VOCAB_SIZE" \
     "$raw/train.$SRC" "$raw/train.$TGT"
 fi
 for split in "${SPLITS[@]}"; do
   for lang in "$SRC" "$TGT"; do
     out="$spmdir/$split.$lang"
     [[ -s "$out" ]] && continue
-    python "$HERE/lib/spm.py" encode --model "$spmdir/spm.model" "$raw/$split.$lang" "$out.tmp"
+    study spm encode --model "$spmdir/spm.model" "$raw/$split.$lang" "$out.tmp"
     mv "$out.tmp" "$out"
   done
 done

@@ -20,7 +20,7 @@
 #                K heads of highest P(open), or the open gates as they are); otherwise export
 #                stops and names the undecided gates [0]
 #   TRAJECTORY_INTERVAL  record every gate each N updates in $PRUNE_DIR/gate_trajectory.jsonl
-#                (read by recipes/lib/gate_trajectory.py; 0: off) [25]
+#                (read by recipes/study/gate_trajectory.py; 0: off) [25]
 #   SEED         --seed of the gated fine-tuning [1]
 #   EXTRA_ARGS   appended to fairseq-train
 #   PHASE2_EPOCHS  the two-phase protocol [0: off, the one-phase path]: after the gates
@@ -95,7 +95,7 @@ fi
 mkdir -p "$PRUNE_DIR"
 freeze=(); [[ "$FREEZE_DECODER" == 1 ]] && freeze=(--freeze-decoder)
 # shellcheck disable=SC2207
-model_flags=($(python "$HERE/lib/model_flags.py" "$BASELINE"))
+model_flags=($(fairseq-headprune flags "$BASELINE"))
 log "pruning $BASELINE -> $PRUNE_DIR (${budget[*]}, gates=$HEAD_GATES)"
 # shellcheck disable=SC2086
 fairseq-train "$DATA_BIN" --user-dir "$USER_DIR" \

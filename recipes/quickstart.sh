@@ -40,7 +40,7 @@ bash "$HERE/evaluate.sh" baseline "$BASELINE"
 bash "$HERE/evaluate.sh" "$name" "$PRUNE_DIR/checkpoint_last.pt"
 
 echo
-python "$HERE/lib/quickstart_table.py" "$WORK_DIR/eval" "$BASELINE" \
+study quickstart_table "$WORK_DIR/eval" "$BASELINE" \
   "$name=$PRUNE_DIR/checkpoint_last.pt"
 bash "$HERE/report.sh" >/dev/null
 echo "report: $WORK_DIR/report/report.md"

@@ -78,13 +78,13 @@ mkdir -p "$SYNTAX_DIR/text" "$SYNTAX_DIR/spm"
 # 2. source text: the words of each sentence joined by spaces; a copy as the placeholder target
 text="$SYNTAX_DIR/text/test.$SRC"
 if [[ ! -s "$text" ]]; then
-  python "$HERE/lib/conllu_text.py" "$CONLLU" "$text.tmp" --max-sentences "$MAX_SENTENCES"
+  study conllu_text "$CONLLU" "$text.tmp" --max-sentences "$MAX_SENTENCES"
   mv "$text.tmp" "$text"
 fi
 for lang in "$SRC" "$TGT"; do
   out="$SYNTAX_DIR/spm/test.$lang"
   [[ -s "$out" ]] && continue
-  python "$HERE/lib/spm.py" encode --model "$SPM_MODEL" "$text" "$out.tmp"  # target = source
+  study spm encode --model "$SPM_MODEL" "$text" "$out.tmp"  # target = source
   mv "$out.tmp" "$out"
 done
 

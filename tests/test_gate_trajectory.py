@@ -1,21 +1,14 @@
 """Gate trajectories (Voita et al. 2019, Fig. 8): the L0 criterion's gate_trajectory.jsonl
 against the checkpoints fairseq saves at the same updates, and the closing-update reader."""
 
-import importlib.util
 import json
 
 import pytest
 import torch
 
 from fairseq_headprune.cli import gate_table
-from tests.helpers import REPO, TINY_ARCH, TRAIN_COMMON, USER_DIR, cli, load_state, train
-
-# recipes/lib/gate_trajectory.py is a script, not a package module: load it from its path
-_spec = importlib.util.spec_from_file_location(
-    "gate_trajectory", REPO / "recipes" / "lib" / "gate_trajectory.py"
-)
-gate_trajectory = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(gate_trajectory)
+from recipes.study import gate_trajectory
+from tests.helpers import TINY_ARCH, TRAIN_COMMON, USER_DIR, cli, load_state, train
 
 PRUNE = [
     "--criterion", "label_smoothed_cross_entropy_l0", "--label-smoothing", "0.1",

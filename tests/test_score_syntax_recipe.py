@@ -68,13 +68,13 @@ def setup(tmp_path_factory) -> dict:
     (ud / "en_ewt-ud-test.conllu").write_text(conllu)
     text = root / "text.txt"  # the SentencePiece training text never contains "ü"
     text.write_text("".join(" ".join(w) + "\n" for i, w in enumerate(words) if i != odd) * 20)
-    spm = [str(BIN / "python"), str(REPO / "recipes" / "lib" / "spm.py")]
+    spm = [str(BIN / "python"), "-m", "recipes.study.spm"]
     subprocess.run([*spm, "train", "--model-prefix", root / "spm", "--vocab-size", "60", text],
-                   check=True, capture_output=True)  # fmt: skip
+                   check=True, capture_output=True, cwd=REPO)  # fmt: skip
     raw = root / "raw"
     raw.mkdir()
     subprocess.run([*spm, "encode", "--model", root / "spm.model", text, raw / "train.src"],
-                   check=True, capture_output=True)  # fmt: skip
+                   check=True, capture_output=True, cwd=REPO)  # fmt: skip
     pieces = (raw / "train.src").read_text()
     for split, lang in [(s, x) for s in ("train", "valid", "test") for x in ("src", "tgt")]:
         (raw / f"{split}.{lang}").write_text(pieces)

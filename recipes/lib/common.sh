@@ -8,11 +8,16 @@ REPO_ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
 USER_DIR="${USER_DIR:-$REPO_ROOT/fairseq_headprune}"
 # Epochs of the stock baseline (and of the from-scratch control when no baseline run folder
 # tells controls.sh how far the baseline trained): where the post-norm baseline's validation
-# BLEU stopped rising on Multi30k (docs/results.md, "The baseline to convergence"). The pre-norm
-# default ran all 55 without the stopping rule ending it; its validation BLEU was 40.04-40.58
-# from epoch 40 on.
+# BLEU stopped rising on Multi30k; the pre-norm default's validation BLEU was 40.0-40.6 from
+# epoch 40 on.
 BASELINE_EPOCHS_DEFAULT=55
 
+# study MODULE ARGS: the study's Python, the package recipes/study/ (python -m recipes.study.MODULE)
+study() {
+  local module="$1"
+  shift
+  PYTHONPATH="$REPO_ROOT${PYTHONPATH:+:$PYTHONPATH}" python -m "recipes.study.$module" "$@"
+}
 log() { echo "[$(date +%H:%M:%S)] $*" >&2; }
 die() { echo "error: $*" >&2; exit 1; }
 # take N: the first N lines of stdin, or all of them when N is 0

@@ -1,0 +1,211 @@
+"""Head sets for the control runs of ``recipes/controls.sh`` (Voita et al. 2019's comparisons).
+
+Subcommands (each writes JSON that ``fairseq-headprune export --mask`` reads):
+
+- ``budget --baseline CKPT --kept HEADS_JSON``: the head budget a pruned model defines, i.e.
+  the number of heads kept per attention type that it reduced. Prints two lines: a tag for run
+  folders (``k6``, or ``k6-dec-enc20`` when other types were pruned too) and the budget
+  (``enc-self:6,dec-enc:20``). ``--spec K`` or ``--spec TYPE:K,...`` instead of ``--kept``
+  gives the budget directly (``K`` alone: encoder self-attention), with the same two lines.
+- ``topk --scores heads.json --metric M --budget B --out MASK``: the top-K heads of each
+  budgeted type by a metric of ``fairseq-headprune score`` (``lrp``, ``importance``, …) or at
+  random (``random:SEED``), ranked within each type with ``export.mask_from_scores`` — for an
+  encoder-only budget the same heads as ``export --scores … --metric M --top-k K``.
+- ``michel --data DATA --path CKPT --budget B --out MASK``: Michel et al. 2019's iterative
+  importance pruning: compute the gradient importance of every head (normalised per layer)
+  under the current mask, remove the ``--step`` least important remaining heads of each
+  budgeted type (default: 10 % of its heads), recompute, until the budget is reached. Heads are
+  masked through the scorer's fixed gates (no retraining between steps, as in the paper).
+  The steps (heads removed, mean validation NLL) go to ``MASK`` next to the mask, under
+  ``"steps"``.
+- ``record --eval-dir DIR --method M --checkpoint CKPT --kept HEADS_JSON [--seed S]
+  [--setting TEXT] [--baseline NAME] [--selected last]``: write ``DIR/model.json``, which
+  ``recipes.study.records`` reads (with the kept and total heads per attention type, from
+  CKPT; ``"selected": "last"`` for a run's last checkpoint, whose random draws it averages
+  apart from those of best checkpoints).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import sys
+from pathlib import Path
+
+SITES = ("enc-self", "dec-self", "dec-enc")
+
+
+def full_layout(baseline: str) -> dict[str, tuple[int, int]]:
+    """Attention type → (layers, heads per layer) of a stock-shaped checkpoint."""
+    from fairseq_headprune.checkpoint_io import load_checkpoint, model_args
+
+    args = model_args(load_checkpoint(baseline))
+    enc = (args.encoder_layers, args.encoder_attention_heads)
+    dec = (args.decoder_layers, args.decoder_attention_heads)
+    return {"enc-self": enc, "dec-self": dec, "dec-enc": dec}
+
+
+def head_totals(checkpoint: str) -> dict[str, int]:
+    """Attention type → number of heads of the full (unpruned) model."""
+    return {s: n_layers * n_heads for s, (n_layers, n_heads) in full_layout(checkpoint).items()}
+
+
+def parse_budget(spec: str) -> dict[str, int]:
+    budget = {}
+    for part in spec.split(","):
+        site, k = part.split(":")
+        if site not in SITES:
+            raise ValueError(f"budget {spec!r}: unknown attention type {site!r}")
+        budget[site] = int(k)
+    return budget
+
+
+def cmd_budget(args: argparse.Namespace) -> None:
+    totals = head_totals(args.baseline)
+    if args.spec is not None:
+        spec = args.spec if ":" in args.spec else f"enc-self:{args.spec}"
+        try:
+            counts = parse_budget(spec)
+        except ValueError as err:
+            raise SystemExit(f"budget {args.spec!r}: expected K or TYPE:K,... ({err})") from None
+        for site, k in counts.items():
+            if not 0 <= k <= totals[site]:
+                raise SystemExit(f"budget {args.spec!r}: {site} has {totals[site]} heads, not {k}")
+    else:
+        kept = json.loads(Path(args.kept).read_text())
+        counts = {s: sum(map(len, rows)) for s, rows in kept.items()}
+    pruned = [s for s in SITES if s in counts and counts[s] < totals[s]]
+    sites = ["enc-self"] + [s for s in pruned if s != "enc-self"]
+    tag = f"k{counts.get('enc-self', totals['enc-self'])}"
+    tag += "".join(f"-{s}{counts[s]}" for s in sites[1:])
+    print(tag)
+    print(",".join(f"{s}:{counts.get(s, totals[s])}" for s in sites))
+
+
+def write_json(path: str, obj: dict) -> None:
+    tmp = Path(path + ".tmp")
+    tmp.write_text(json.dumps(obj, indent=1) + "\n")
+    tmp.replace(path)
+
+
+def cmd_topk(args: argparse.Namespace) -> None:
+    from fairseq_headprune.export import mask_from_scores
+
+    mask = {}
+    for site, k in parse_budget(args.budget).items():
+        mask.update(mask_from_scores(args.scores, args.metric, k, (site,), args.ascending))
+    write_json(args.out, mask)
+
+
+def cmd_michel(args: argparse.Namespace) -> None:
+    import torch
+
+    from fairseq_headprune.scoring.base import Batches, ScoringModel, run_pass
+    from fairseq_headprune.scoring.command import load
+    from fairseq_headprune.scoring.importance import GradientImportance
+
+    torch.manual_seed(args.seed)
+    model, task = load(args.data, args.path)
+    sm = ScoringModel(model, task)
+    batches = Batches(task, args.subset, args.max_sentences, args.batch_size, progress=None)
+    budget = parse_budget(args.budget)
+    values = {s: v.clone() for s, v in sm.base.items()}
+    alive = {s: [tuple(x) for x in (values[s] > 0).nonzero().tolist()] for s in budget}
+    step = {
+        s: args.step or max(1, math.ceil(values[s].numel() / 10)) for s in budget
+    }  # Michel et al.: 10 % of the heads per step
+    steps = [{"removed": [], "loss": sm.mean_loss(batches, values)}]
+    while any(len(alive[s]) > budget[s] for s in budget):
+        scorer = GradientImportance()
+        run_pass(sm, batches, [scorer], gates=values)
+        importance = scorer.result()["importance"]
+        removed = []
+        for s in budget:
+            n = min(step[s], len(alive[s]) - budget[s])
+            if n <= 0:
+                continue
+            alive[s].sort(key=lambda lh, s=s: float(importance[s][lh[0], lh[1]]))
+            for layer, head in alive[s][:n]:
+                values[s][layer, head] = 0.0
+                removed.append([s, layer, head])
+            alive[s] = alive[s][n:]
+        loss = sm.mean_loss(batches, values)
+        steps.append({"removed": removed, "loss": loss})
+        print(f"michel: removed {len(removed)} heads, mean valid NLL {loss:.4f}", file=sys.stderr)
+    mask = {
+        s: [[h for h in range(values[s].shape[1]) if values[s][i, h] > 0] for i in range(len(v))]
+        for s, v in values.items()
+        if s in budget
+    }
+    write_json(args.out, mask)
+    write_json(args.out + ".steps.json", {"budget": budget, "steps": steps})
+
+
+def cmd_record(args: argparse.Namespace) -> None:
+    Path(args.eval_dir).mkdir(parents=True, exist_ok=True)
+    record = {
+        "method": args.method,
+        "checkpoint": str(Path(args.checkpoint).resolve()),
+        "kept_heads": json.loads(Path(args.kept).read_text()),
+    }
+    if args.seed is not None:
+        record["seed"] = args.seed
+    # the head totals too, so that the record still reads when the checkpoint is gone
+    totals = head_totals(args.checkpoint)
+    record["heads"] = {
+        s: [sum(map(len, rows)), totals[s]] for s, rows in record["kept_heads"].items()
+    }
+    for key in ("setting", "baseline", "selected"):
+        if getattr(args, key):
+            record[key] = getattr(args, key)
+    write_json(str(Path(args.eval_dir) / "model.json"), record)
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    sub = parser.add_subparsers(dest="cmd", required=True)
+    p = sub.add_parser("budget")
+    p.add_argument("--baseline", required=True)
+    what = p.add_mutually_exclusive_group(required=True)
+    what.add_argument("--kept", help="kept-heads JSON (export's OUT.heads.json)")
+    what.add_argument("--spec", help="the budget itself: K (encoder heads) or TYPE:K,...")
+    p.set_defaults(func=cmd_budget)
+    p = sub.add_parser("topk")
+    p.add_argument("--scores", required=True)
+    p.add_argument("--metric", required=True)
+    p.add_argument("--budget", required=True)
+    p.add_argument("--ascending", action="store_true")
+    p.add_argument("--out", required=True)
+    p.set_defaults(func=cmd_topk)
+    p = sub.add_parser("michel")
+    p.add_argument("--data", required=True)
+    p.add_argument("--path", required=True)
+    p.add_argument("--budget", required=True)
+    p.add_argument("--step", type=int, default=0, help="heads removed per step and type")
+    p.add_argument("--subset", default="valid")
+    p.add_argument("--max-sentences", type=int)
+    p.add_argument("--batch-size", type=int, default=32)
+    p.add_argument("--seed", type=int, default=1)
+    p.add_argument("--out", required=True)
+    p.set_defaults(func=cmd_michel)
+    p = sub.add_parser("record")
+    p.add_argument("--eval-dir", required=True)
+    p.add_argument("--method", required=True)
+    p.add_argument("--checkpoint", required=True)
+    p.add_argument("--kept", required=True)
+    p.add_argument("--seed", type=int)
+    p.add_argument("--setting", help="the report table's setting column (default: the seed)")
+    p.add_argument("--baseline", help="NAME of the evaluated baseline the model was made from")
+    p.add_argument(
+        "--selected",
+        choices=("last",),
+        help="the checkpoint is the run's last, not its best by validation nll (the default)",
+    )
+    p.set_defaults(func=cmd_record)
+    args = parser.parse_args(argv)
+    args.func(args)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,135 @@
+"""results/summary.csv (recipes/study/summary.py): one row per evaluated model, each BLEU
+recomputed with sacreBLEU from the committed hypotheses and checked against the JSON."""
+
+from __future__ import annotations
+
+import contextlib
+import csv
+import gzip
+import io
+import json
+from pathlib import Path
+
+import pytest
+from sacrebleu.metrics import BLEU
+
+from recipes.study import summary
+from recipes.study.significance import format_p
+from tests.helpers import REPO
+
+SHARED = REPO.parent / "shared" / "data" / "multi30k"
+WORDS = "ein hund rennt über die grüne wiese am see neben zwei kindern".split()
+REFS = [" ".join(WORDS[i % 5 : i % 5 + 6] + [str(i)]) for i in range(60)]
+SHORT = [" ".join(r.split()[: 3 + i % 3]) for i, r in enumerate(REFS)]  # too short: BP < 1
+NEAR = [REFS[0]] + SHORT[1:]
+FULL = {"enc-self": [8, 8], "dec-self": [4, 4], "dec-enc": [4, 4]}
+
+
+def evaluation(study: Path, name: str, hyps: list[str], record: dict, gz: bool = False) -> Path:
+    """eval/NAME/ as evaluate.sh writes it (test_2016_flickr only), with its model.json."""
+    folder = study / "eval" / name
+    folder.mkdir(parents=True)
+    text = ("\n".join(hyps) + "\n").encode()
+    if gz:
+        (folder / "test_2016_flickr.hyp.gz").write_bytes(gzip.compress(text))
+    else:
+        (folder / "test_2016_flickr.hyp").write_bytes(text)
+    bleu = BLEU()
+    result = {"bleu": round(bleu.corpus_score(hyps, [REFS]).score, 2), "sentences": len(hyps)}
+    (folder / "test_2016_flickr.json").write_text(json.dumps(result))
+    (folder / "model.json").write_text(json.dumps(record))
+    return folder
+
+
+@pytest.fixture
+def tree(tmp_path) -> tuple[Path, Path]:
+    """results/toy-en-de/base/ with a baseline, a pruned model, its fair reference (a model
+    fine-tuned as long, named by model.json "reference") and a perfect model."""
+    refs = tmp_path / "refs"
+    refs.mkdir()
+    (refs / "test_2016_flickr.de").write_text("\n".join(REFS) + "\n")
+    study = tmp_path / "results" / "toy-en-de" / "base"
+    two = {**FULL, "enc-self": [2, 8]}
+    evaluation(study, "baseline", SHORT, {"method": "baseline", "heads": FULL})
+    evaluation(study, "finetuned", SHORT, {"method": "voita", "setting": "λ=0", "heads": FULL})
+    record = {"method": "target-heads", "heads": two, "gated": ["enc-self"], "seed": 2,
+              "reference": "finetuned", "checkpoint": "/gone/checkpoint_last.pt"}  # fmt: skip
+    evaluation(study, "pruned-k2", NEAR, record, gz=True)
+    evaluation(study, "perfect", REFS, {"method": "scratch", "heads": two})
+    return tmp_path / "results", refs
+
+
+def rows(results: Path, refs: Path, *extra: str) -> list[dict]:
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        summary.main([str(results), "--refs", str(refs), *extra])
+    return list(csv.DictReader(io.StringIO(out.getvalue())))
+
+
+def test_rows_are_recomputed_from_the_hypotheses(tree):
+    results, refs = tree
+    table = {r["model"]: r for r in rows(results, refs)}
+    assert list(table) == ["baseline", "finetuned", "perfect", "pruned-k2"]
+    for name, hyps in (("baseline", SHORT), ("pruned-k2", NEAR), ("perfect", REFS)):
+        score = BLEU().corpus_score(hyps, [REFS])
+        row = table[name]
+        assert float(row["test_2016_flickr"]) == round(score.score, 2)
+        assert float(row["bp_test_2016_flickr"]) == round(score.bp, 4)
+        assert float(row["len_ratio_test_2016_flickr"]) == round(score.sys_len / score.ref_len, 4)
+        assert (row["dataset"], row["baseline"]) == ("toy-en-de", "base")
+    assert float(table["baseline"]["bp_test_2016_flickr"]) < 0.9  # SHORT is short
+    pruned = table["pruned-k2"]
+    assert (pruned["method"], pruned["seed"], pruned["checkpoint"]) == ("target-heads", "2", "last")
+    kept = [pruned[k] for k in ("enc_self_kept", "dec_self_kept", "dec_enc_kept", "heads_total")]
+    assert kept == ["2", "4", "4", "16"]
+    # the fair reference from model.json, else the study's baseline; none for the baseline
+    assert [table[n]["reference"] for n in table] == ["", "baseline", "baseline", "finetuned"]
+    near = float(pruned["test_2016_flickr"]) - float(table["finetuned"]["test_2016_flickr"])
+    assert pruned["delta_test_2016_flickr"] == f"{near:+.2f}" and 0 < near < 2
+    # one sentence better is no significant difference; the references themselves are, at
+    # the floor of 10,000 resamples, which is not a p-value
+    assert float(pruned["p_test_2016_flickr"]) > 0.05
+    assert table["perfect"]["p_test_2016_flickr"] == "< 0.0001"
+    assert table["finetuned"]["p_test_2016_flickr"] == "1.0000"  # the baseline's own output
+    assert table["pruned-k2"]["valid"] == "" and table["pruned-k2"]["p_valid"] == ""
+    assert rows(results, refs) == list(table.values())  # deterministic
+
+
+def test_p_values_are_never_written_as_the_floor():
+    assert format_p(1 / 10_001) == "< 0.0001" and format_p(0.0001) == "< 0.0001"
+    assert format_p(2 / 10_001) == "0.0002" and format_p(0.0495) == "0.0495"
+    assert format_p(1 / 1001, 1000) == "< 0.001" and format_p(None) == "–"
+
+
+def test_an_evaluation_missing_a_sentence_is_refused(tree, capsys):
+    results, refs = tree
+    study = results / "toy-en-de" / "base"
+    evaluation(study, "partial", REFS[:-1], {"method": "random", "heads": FULL})
+    with pytest.raises(SystemExit, match="59 hypotheses .* for 60 references"):
+        rows(results, refs)
+    # the JSON claiming fewer sentences than the references is refused too
+    folder = study / "eval" / "partial"
+    (folder / "test_2016_flickr.hyp").write_text("\n".join(REFS) + "\n")
+    (folder / "test_2016_flickr.json").write_text(json.dumps({"bleu": 100.0, "sentences": 59}))
+    with pytest.raises(SystemExit, match="misses sentences"):
+        rows(results, refs)
+    # a committed BLEU that the hypotheses do not give
+    (folder / "test_2016_flickr.json").write_text(json.dumps({"bleu": 99.0, "sentences": 60}))
+    with pytest.raises(SystemExit, match="BLEU 99.0, recomputed 100.0"):
+        rows(results, refs)
+    # hypotheses gone: not re-checkable, left out and named
+    (folder / "test_2016_flickr.hyp").unlink()
+    assert "partial" not in {r["model"] for r in rows(results, refs)}
+    assert "not re-checkable" in capsys.readouterr().err
+
+
+@pytest.mark.skipif(not SHARED.is_dir(), reason="needs the raw Multi30k references")
+def test_committed_summary_is_the_committed_evaluations():
+    """results/summary.csv as the code writes it from results/ (p columns aside: the
+    bootstrap over every study takes minutes; test_rows_are_recomputed… tests it)."""
+    committed = list(csv.DictReader((REPO / "results" / "summary.csv").open(encoding="utf-8")))
+    fresh = rows(REPO / "results", SHARED, "--samples", "0")
+    drop = {k for k in summary.COLUMNS if k.startswith("p_")}
+    strip = [{k: v for k, v in r.items() if k not in drop} for r in committed]
+    assert strip == [{k: v for k, v in r.items() if k not in drop} for r in fresh]
+    assert all(r["p_test_2016_flickr"] for r in committed if r["reference"])
