@@ -108,6 +108,8 @@ def collect(work: Path, models: dict[str, str]) -> list[dict]:
             rec = json.loads(record.read_text())
             row["method"] = rec["method"]
             row["setting"] = rec.get("setting") or (f"seed {rec['seed']}" if "seed" in rec else "")
+            if rec.get("selected") == "best":  # a checkpoint_best.pt saved under another name
+                row["selected"] = "best"
             if rec.get("selected") == "last":
                 row["selected"] = "last"
                 row["setting"] = ", ".join(filter(None, (row["setting"], "last checkpoint")))
