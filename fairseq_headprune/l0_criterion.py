@@ -166,7 +166,7 @@ class LabelSmoothedCrossEntropyL0CriterionConfig(LabelSmoothedCrossEntropyCriter
         metadata={
             "help": "every N updates, append each head's P(open) and deterministic gate to "
             "SAVE_DIR/gate_trajectory.jsonl, a record of when each gate closed "
-            "(recipes/lib/gate_trajectory.py reads it; 0: off)"
+            "(python -m recipes.study.gate_trajectory reads it; 0: off)"
         },
     )
     save_dir: str = II("checkpoint.save_dir")
