@@ -109,7 +109,7 @@ def latency_budget(args, task, model, budget: float, tgt_len: int) -> tuple[dict
     )[0]
     full, constant, terms = latency_terms(model, batch, args.beam, tgt_len)
     allowed = budget * full - constant
-    if allowed <= 0:
+    if allowed < 0:
         raise HeadpruneError(
             f"--budget latency:{budget}: no mask can meet it: {constant / full:.0%} of the "
             f"measured {full:.3f} s (embeddings, output layer, beam bookkeeping) is not prunable"
