@@ -4,7 +4,8 @@
 #
 #   recipes/finetune_pruned.sh RUN_DIR PRUNED_CKPT
 # PRUNED_CKPT.heads.json (written by export) gives the shape: --arch gated_transformer
-# --kept-heads PRUNED_CKPT.heads.json, the other model flags read from the checkpoint.
+# --kept-heads PRUNED_CKPT.heads.json, the other model flags read from the checkpoint. Without
+# it, PRUNED_CKPT is fine-tuned at its full size (the equally fine-tuned reference).
 #
 # Settings (environment variables, defaults in brackets; as in prune.sh):
 #   MAX_EPOCH [10]   LR [5e-4] (fixed)   MAX_TOKENS [4096]   SEED [1]   EXTRA_ARGS (appended)
@@ -33,7 +34,9 @@ SEED="${SEED:-1}"
 PATIENCE="${PATIENCE:-0}"
 EXTRA_ARGS="${EXTRA_ARGS:-}"
 
-[[ -f "$pruned" && -f "$pruned.heads.json" ]] || die "no exported model at $pruned(.heads.json)"
+[[ -f "$pruned" ]] || die "no checkpoint at $pruned"
+kept=()
+[[ -f "$pruned.heads.json" ]] && kept=(--kept-heads "$pruned.heads.json")
 if [[ -f "$run/DONE" ]]; then log "already fine-tuned: $run"; exit 0; fi
 mkdir -p "$run"
 gates=(--head-gates none)
@@ -44,7 +47,7 @@ log "fine-tuning $pruned -> $run ($MAX_EPOCH epochs)"
 # shellcheck disable=SC2086
 fairseq-train "$DATA_BIN" --user-dir "$USER_DIR" \
   --task translation --source-lang "$SRC" --target-lang "$TGT" \
-  --arch gated_transformer "${model_flags[@]}" --kept-heads "$pruned.heads.json" "${gates[@]}" \
+  --arch gated_transformer "${model_flags[@]}" "${kept[@]}" "${gates[@]}" \
   --finetune-from-model "$pruned" \
   --criterion label_smoothed_cross_entropy --label-smoothing 0.1 \
   --optimizer adam --adam-betas '(0.9, 0.98)' --clip-norm 1.0 \

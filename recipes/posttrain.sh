@@ -6,7 +6,15 @@
 # Settings: BUDGETS ["macs:0.8 macs:0.6"], CALIBRATION [2000] sentences of the train subset,
 # RUNS_DIR [$WORK_DIR/../posttrain] (one folder per budget: pruned.pt, prune.{log,json},
 # bench.{log,json}), SUBSETS ["valid test"] for evaluate.sh, BENCH_BATCHES ["16 64"],
-# BENCH_SENTENCES [256]. Evaluations are named posttrain-<kind><fraction> (posttrain-macs0.6).
+# BENCH_SENTENCES [256]. Evaluations are named posttrain-<kind><fraction> (posttrain-macs0.6),
+# each with its model.json (python -m recipes.study.posttrain record).
+#   FT_EPOCHS [0]  >0: fine-tune each pruned model that many epochs (recipes/finetune_pruned.sh,
+#                  everything trainable, LR [3e-4: the baseline's last learning rate], SEED [1])
+#                  into <run>/ft-s<SEED>, evaluated as posttrain+ft-<tag>-s<SEED>; the baseline is
+#                  fine-tuned the same way ($RUNS_DIR/full-ft<FT_EPOCHS>-s<SEED>, evaluated as
+#                  finetuned-<FT_EPOCHS>ep-s<SEED>), the fine-tuned models' fair reference.
+#   RESULTS        a study folder in results/ (results/multi30k-en-de/study): copy every
+#                  evaluation and run record there (python -m recipes.study.publish) [unset]
 # Every step is skipped when its output exists, so the curve resumes where it stopped.
 set -euo pipefail
 HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
@@ -20,6 +28,27 @@ RUNS_DIR="${RUNS_DIR:-$WORK_DIR/../posttrain}"
 BENCH_BATCHES="${BENCH_BATCHES:-16 64}"
 BENCH_SENTENCES="${BENCH_SENTENCES:-256}"
 export SUBSETS="${SUBSETS:-valid test}"
+FT_EPOCHS="${FT_EPOCHS:-0}"
+SEED="${SEED:-1}"
+RESULTS="${RESULTS:-}"
+evals=()
+
+# finetune NAME RUN CHECKPOINT: fine-tune everything FT_EPOCHS epochs, then evaluate
+finetune() {
+  local name="$1" run="$2" ckpt="$3"
+  MAX_EPOCH="$FT_EPOCHS" LR="${LR:-3e-4}" SEED="$SEED" FREEZE_DECODER=0 \
+    bash "$HERE/finetune_pruned.sh" "$run" "$ckpt"
+  bash "$HERE/evaluate.sh" "$name" "$run/checkpoint_best.pt"
+  evals+=("$WORK_DIR/eval/$name")
+}
+
+reference="finetuned-${FT_EPOCHS}ep-s$SEED"
+if [[ "$FT_EPOCHS" -gt 0 ]]; then
+  finetune "$reference" "$RUNS_DIR/full-ft$FT_EPOCHS-s$SEED" "$baseline"
+  study posttrain reference --eval-dir "$WORK_DIR/eval/$reference" --seed "$SEED" \
+    --checkpoint "$RUNS_DIR/full-ft$FT_EPOCHS-s$SEED/checkpoint_best.pt" \
+    --setting "fine-tuned $FT_EPOCHS epochs"
+fi
 
 for budget in $BUDGETS; do
   tag="${budget//:/}"
@@ -41,4 +70,16 @@ for budget in $BUDGETS; do
       --json-out "$run/bench.json" > "$run/bench.log" 2>&1
   fi
   grep -v '^INFO' "$run/bench.log" | sed "s/^/$tag: /"
+  study posttrain record --eval-dir "$WORK_DIR/eval/posttrain-$tag" --run "$run"
+  evals+=("$WORK_DIR/eval/posttrain-$tag")
+  if [[ "$FT_EPOCHS" -gt 0 ]]; then
+    name="posttrain+ft-$tag-s$SEED"
+    finetune "$name" "$run/ft-s$SEED" "$run/pruned.pt"
+    study posttrain record --eval-dir "$WORK_DIR/eval/$name" --run "$run" \
+      --method posttrain+ft --setting "$budget, $FT_EPOCHS epochs" --seed "$SEED" \
+      --checkpoint "$run/ft-s$SEED/checkpoint_best.pt" --reference "$reference"
+  fi
 done
+if [[ -n "$RESULTS" ]]; then
+  study publish "$RESULTS" "${evals[@]}" --runs posttrain
+fi

@@ -908,3 +908,41 @@ def test_evaluate_with_a_length_penalty(quickstart_work, raw_dir):
     assert sum(scores["baseline-lp3"]) < sum(scores["baseline"]) / 4, scores
     proc = _recipe("evaluate.sh", work, raw_dir, "baseline-lp3", ckpt, SUBSETS="test")
     assert proc.returncode != 0 and "scored with LENPEN=3, not 1" in proc.stderr
+
+
+def test_posttrain_curve_with_fine_tuning_and_published_records(quickstart_work, raw_dir, tmp_path):
+    """recipes/posttrain.sh: prune without retraining, evaluate, bench, record; with FT_EPOCHS
+    fine-tune each pruned model and the full one alike (its fair reference); RESULTS: copy
+    every evaluation with its run's records into a results tree that the summary reads."""
+    results = tmp_path / "results"
+    study = results / "multi30k-en-de" / "study"
+    work = tmp_path / "work"  # the quickstart's data, evaluations of its own
+    work.mkdir()
+    for shared in ("raw", "data-bin"):
+        (work / shared).symlink_to(quickstart_work / shared)
+    env = {"BUDGETS": "macs:0.7",
+           "CALIBRATION": "40", "SUBSETS": "valid test", "BENCH_BATCHES": "4",
+           "BENCH_SENTENCES": "8", "FT_EPOCHS": "1", "RESULTS": str(study),
+           "RUNS_DIR": str(tmp_path / "posttrain")}  # fmt: skip
+    baseline = quickstart_work / "baseline" / "checkpoint_best.pt"
+    _run("posttrain.sh", work, raw_dir, str(baseline), **env)
+    names = {p.name for p in (study / "eval").iterdir()}
+    assert names == {"posttrain-macs0.7", "posttrain+ft-macs0.7-s1", "finetuned-1ep-s1"}
+    ft = json.loads((study / "eval" / "posttrain+ft-macs0.7-s1" / "model.json").read_text())
+    assert (ft["method"], ft["reference"], ft["seed"]) == ("posttrain+ft", "finetuned-1ep-s1", 1)
+    ref = json.loads((study / "eval" / "finetuned-1ep-s1" / "model.json").read_text())
+    assert ref["heads"]["enc-self"] == [8, 8] and ref["reference"] == "baseline"
+    pruned = study / "eval" / "posttrain-macs0.7"
+    record = json.loads((pruned / "model.json").read_text())
+    assert (pruned / record["run_dir"] / "prune.json").is_file()
+    assert (pruned / record["run_dir"] / "bench.json").is_file() and record["speedup"]["4"] > 0
+    assert (pruned / "test_2016_flickr.hyp.gz").is_file()
+    # the fine-tuned models trained every parameter, from the pruned / full weights
+    runs = tmp_path / "posttrain"
+    for run in (runs / "macs0.7" / "ft-s1", runs / "full-ft1-s1"):
+        log = (run / "train.log").read_text()
+        assert "head_gates='none'" in log and "freeze_decoder=False" in log
+        assert (run / "DONE").exists()
+    assert (
+        "kept_heads='" in (tmp_path / "posttrain" / "macs0.7" / "ft-s1" / "train.log").read_text()
+    )

@@ -133,3 +133,65 @@ def test_committed_summary_is_the_committed_evaluations():
     strip = [{k: v for k, v in r.items() if k not in drop} for r in committed]
     assert strip == [{k: v for k, v in r.items() if k not in drop} for r in fresh]
     assert all(r["p_test_2016_flickr"] for r in committed if r["reference"])
+
+
+def test_posttrain_records_are_published_with_their_runs(tree, tmp_path):
+    """recipes.study.posttrain writes a post-training run's model.json (FFN neurons, parameters,
+    measured speed-up); recipes.study.publish copies it with gzipped hypotheses and the run's
+    records into results/, where the summary reads it."""
+    from recipes.study import posttrain, publish
+
+    results, refs = tree
+    run = tmp_path / "runs" / "macs0.5"
+    run.mkdir(parents=True)
+    masks = {"enc-self.0": [1.0, 0.0, 1.2, 1.0] * 2, "dec-self.0": [1.0] * 4,
+             "dec-enc.0": [0.9, 0, 0, 0],
+             "enc-ffn.0": [0.0, 1.1, 1.0], "dec-ffn.0": [1.0, 0.0]}  # fmt: skip
+    prune = {"masks": masks, "budget": "macs:0.5", "params_after": 1234, "seconds": 12.34,
+             "predicted_speedup": 1.4567}  # fmt: skip
+    (run / "prune.json").write_text(json.dumps(prune))
+    rows_ = [{"what": "encoder forward", "batch": 16, "speedup": 2.0},
+             {"what": "generate beam 5", "batch": 16, "speedup": 1.23456},
+             {"what": "generate beam 5", "batch": 64, "speedup": 1.5}]  # fmt: skip
+    (run / "bench.json").write_text(json.dumps({"rows": rows_, "params": {"pruned": 1200}}))
+    (run / "pruned.pt").write_bytes(b"weights stay out of results/")
+    work = tmp_path / "work" / "eval" / "posttrain-macs0.5"
+    work.mkdir(parents=True)
+    (work / "test_2016_flickr.hyp").write_text("\n".join(NEAR) + "\n")
+    score = round(BLEU().corpus_score(NEAR, [REFS]).score, 2)
+    (work / "test_2016_flickr.json").write_text(json.dumps({"bleu": score, "sentences": 60}))
+    posttrain.main(["record", "--eval-dir", str(work), "--run", str(run)])
+    record = json.loads((work / "model.json").read_text())
+    assert record["heads"] == {"enc-self": [6, 8], "dec-self": [4, 4], "dec-enc": [1, 4]}
+    assert record["ffn"] == {"enc-ffn": [2, 3], "dec-ffn": [1, 2]}
+    assert record["speedup"] == {"16": 1.235, "64": 1.5} and record["params"] == 1200
+
+    study = results / "toy-en-de" / "base"
+    with contextlib.redirect_stdout(io.StringIO()):
+        publish.main([str(study), str(work), "--runs", "posttrain"])
+    out = study / "eval" / "posttrain-macs0.5"
+    assert gzip.decompress((out / "test_2016_flickr.hyp.gz").read_bytes()).decode().split(
+        "\n"
+    )[:-1] == NEAR  # fmt: skip
+    published = json.loads((out / "model.json").read_text())
+    assert (out / published["run_dir"] / "prune.json").is_file()
+    assert not (out / published["run_dir"] / "pruned.pt").exists()
+    row = {r["model"]: r for r in rows(results, refs)}["posttrain-macs0.5"]
+    assert (row["method"], row["setting"]) == ("posttrain", "macs:0.5, no retraining")
+    assert [row[k] for k in ("enc_ffn_kept", "dec_ffn_kept", "ffn_total", "params")] == [
+        "2", "1", "5", "1200",
+    ]  # fmt: skip
+    assert (row["speedup_b16"], row["speedup_b64"]) == ("1.235", "1.5")
+    assert row["speedup_predicted"] == "1.457"
+    assert float(row["test_2016_flickr"]) == score and row["reference"] == "baseline"
+
+
+def test_publish_refuses_an_evaluation_without_its_hypotheses(tmp_path):
+    from recipes.study import publish
+
+    folder = tmp_path / "eval" / "m"
+    folder.mkdir(parents=True)
+    (folder / "val.json").write_text(json.dumps({"bleu": 1.0, "sentences": 1}))
+    with pytest.raises(SystemExit, match="val.json has no val.hyp"):
+        publish.main([str(tmp_path / "study"), str(folder)])
+    assert not (tmp_path / "study").exists()

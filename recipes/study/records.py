@@ -39,9 +39,11 @@ from pathlib import Path
 
 SPLITS = ["val", "test_2016_flickr", "test_2017_flickr", "test_2017_mscoco"]
 SITES = ("enc-self", "dec-self", "dec-enc")
+FFN_SITES = ("enc-ffn", "dec-ffn")  # FFN neurons, pruned by fairseq-headprune prune
 # every method a row can have, in the order tables list them (then "exported", "?")
 METHODS = (
     "baseline", "voita", "target-heads", "refit", "scratch", "michel", "random", "lrp", "masked",
+    "posttrain", "posttrain+ft",
 )  # fmt: skip
 PRUNING_METHODS = ("voita", "target-heads")
 CONTROL_METHODS = ("masked", "refit", "scratch", "random", "michel", "lrp")

@@ -10,10 +10,13 @@ below RESULTS, the baseline the rest of the path) gives one row per ``eval/<mode
 checkpoint, and per split BLEU, brevity penalty and hypothesis/reference length ratio,
 recomputed with sacreBLEU from the committed ``<split>.hyp`` (or ``.hyp.gz``) against the
 raw references ``REFS/<split>.<tgt>`` (``tgt``: the dataset name's last part, ``de``) and
-checked against the committed ``<split>.json``. ``reference`` is the fair reference for the
-difference: model.json's ``"reference"``, else its ``"baseline"``, else the study's
-``baseline``; ``delta_*`` and ``p_*`` are the difference to it and sacreBLEU's paired
-bootstrap p (10,000 resamples; ``< 0.0001`` at the floor) on validation and test_2016_flickr.
+checked against the committed ``<split>.json``. A post-training pruned model's record
+(``recipes.study.posttrain``) adds FFN neurons kept, parameters and the beam-5 generation
+speed-up, predicted by the multiply-add model and measured side by side with the full model
+at batch 16 and 64. ``reference`` is the fair reference for the difference: model.json's
+``"reference"``, else its ``"baseline"``, else the study's ``baseline``; ``delta_*`` and
+``p_*`` are the difference to it and sacreBLEU's paired bootstrap p (10,000 resamples;
+``< 0.0001`` at the floor) on validation and test_2016_flickr.
 
 An evaluation that misses a sentence (hypotheses or the JSON's ``sentences`` ≠ references)
 or whose JSON differs from the recomputed BLEU is refused (exit 1, naming the file); a model
@@ -29,7 +32,7 @@ import json
 import sys
 from pathlib import Path
 
-from recipes.study.records import SITES, SPLITS, collect, read_hypotheses
+from recipes.study.records import FFN_SITES, SITES, SPLITS, collect, read_hypotheses
 from recipes.study.significance import SAMPLES, bootstrap, format_p
 
 COLUMN = {"val": "valid"}  # split file name -> column name
@@ -43,7 +46,10 @@ def column(split: str) -> str:
 
 COLUMNS = [
     "dataset", "baseline", "model", "method", "setting", "seed",
-    "enc_self_kept", "dec_self_kept", "dec_enc_kept", "heads_total", "checkpoint",
+    "enc_self_kept", "dec_self_kept", "dec_enc_kept", "heads_total",
+    "enc_ffn_kept", "dec_ffn_kept", "ffn_total",
+    "params", "speedup_predicted", "speedup_b16", "speedup_b64",
+    "checkpoint",
     *(column(s) for s in SPLITS),
     *(f"bp_{column(s)}" for s in SPLITS), *(f"len_ratio_{column(s)}" for s in SPLITS),
     "reference", *(f"{k}_{column(s)}" for s in TESTED for k in ("delta", "p")),
@@ -100,6 +106,7 @@ def make_row(r: dict, record: dict, checked: dict) -> dict:
     """One CSV row (but dataset, baseline and the paired columns) from a records row, its
     model.json and the recomputed scores per split."""
     heads = r["heads"] or {}
+    ffn, speed = record.get("ffn") or {}, record.get("speedup") or {}
     ckpt = record.get("checkpoint") or r.get("checkpoint")
     fair = record.get("reference") or r.get("baseline") or "baseline"
     row = {
@@ -107,6 +114,11 @@ def make_row(r: dict, record: dict, checked: dict) -> dict:
         "seed": record.get("seed", ""),
         **{f"{s.replace('-', '_')}_kept": heads[s][0] if s in heads else "" for s in SITES},
         "heads_total": sum(v[1] for v in heads.values() if v[1]) if heads else "",
+        **{f"{s.replace('-', '_')}_kept": ffn[s][0] if s in ffn else "" for s in FFN_SITES},
+        "ffn_total": sum(v[1] for v in ffn.values()) if ffn else "",
+        "params": record.get("params", ""),
+        "speedup_predicted": record.get("predicted_speedup", ""),
+        **{f"speedup_b{b}": speed.get(b, "") for b in ("16", "64")},
         "checkpoint": checkpoint_rule({**r, "checkpoint": ckpt}),
         "reference": "" if r["method"] == "baseline" and not record.get("reference") else fair,
     }  # fmt: skip

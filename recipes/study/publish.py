@@ -1,0 +1,80 @@
+"""Copy evaluations into the committed results tree, so that every BLEU of the study (Voita et
+al. 2019's protocol: every pruned model next to its fair reference) is recomputable from
+committed files.
+
+    python -m recipes.study.publish STUDY EVAL/NAME [EVAL/NAME ...] [--runs SUBDIR]
+
+For each evaluation folder (``recipes/evaluate.sh``'s ``$WORK_DIR/eval/NAME``) writes
+``STUDY/eval/NAME/``: the BLEU JSONs, ``model.json``, ``lenpen`` and the hypotheses gzipped
+(``<split>.hyp.gz``, which ``recipes.study.summary`` reads). When model.json names a
+``run_dir``, that run's records (``*.json``, ``*.jsonl``, ``*.txt``; no checkpoints) go to
+``STUDY/SUBDIR/<run folder's name>/`` and model.json's ``run_dir`` is rewritten to point
+there. An evaluation that misses its hypotheses for a scored split is refused before anything
+is copied.
+"""
+
+from __future__ import annotations
+
+import argparse
+import gzip
+import json
+import os
+import shutil
+from pathlib import Path
+
+RECORDS = ("*.json", "*.jsonl", "*.txt")
+
+
+def check(folder: Path) -> None:
+    if not folder.is_dir():
+        raise SystemExit(f"error: no evaluation folder {folder}")
+    for record in folder.glob("*.json"):
+        if record.name == "model.json":
+            continue
+        split = record.name[: -len(".json")]
+        if not (folder / f"{split}.hyp").is_file() and not (folder / f"{split}.hyp.gz").is_file():
+            raise SystemExit(f"error: {record} has no {split}.hyp next to it")
+
+
+def publish(folder: Path, study: Path, runs: str) -> Path:
+    """Copy one evaluation (and its run's records) under ``study``; return the new folder."""
+    out = study / "eval" / folder.name
+    out.mkdir(parents=True, exist_ok=True)
+    for f in folder.iterdir():
+        if f.suffix == ".json" or f.name == "lenpen" or f.name.endswith(".hyp.gz"):
+            shutil.copyfile(f, out / f.name)
+        elif f.suffix == ".hyp":
+            (out / f"{f.name}.gz").write_bytes(gzip.compress(f.read_bytes(), mtime=0))
+    record_file = out / "model.json"
+    if record_file.is_file():
+        record = json.loads(record_file.read_text())
+        if record.get("run_dir") and (folder / record["run_dir"]).is_dir():
+            run = (folder / record["run_dir"]).resolve()
+            dest = study / runs / run.name
+            dest.mkdir(parents=True, exist_ok=True)
+            for pattern in RECORDS:
+                for f in run.glob(pattern):
+                    shutil.copyfile(f, dest / f.name)
+            record["run_dir"] = os.path.relpath(dest, out)
+            record_file.write_text(json.dumps(record, indent=1) + "\n")
+    return out
+
+
+def main(argv: list[str] | None = None) -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("study", type=Path, help="the study folder in results/ (gets eval/NAME/)")
+    p.add_argument("evaluations", type=Path, nargs="+", help="evaluate.sh's eval/NAME folders")
+    p.add_argument(
+        "--runs",
+        default="runs",
+        help="folder of STUDY for the runs' records (default: runs)",
+    )
+    args = p.parse_args(argv)
+    for folder in args.evaluations:
+        check(folder)
+    for folder in args.evaluations:
+        print(publish(folder, args.study, args.runs))
+
+
+if __name__ == "__main__":
+    main()
