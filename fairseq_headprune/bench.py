@@ -15,8 +15,9 @@ and a pruned checkpoint on the same sentences in one run (passes interleaved, be
 - peak resident memory of a fresh process that loads the model and translates (``--memory``);
 
 and prints next to each measured speed-up the speed-up predicted by counting multiply-adds
-(heads and FFN neurons, whatever was pruned), measured ÷ predicted, and the largest
-beam-search speed-up the multiply-add model allows at all (the output layer stays).
+(heads and FFN neurons, whatever was pruned; the model is ``macs``), measured ÷ predicted,
+and the largest beam-search speed-up the multiply-add model allows at all (the output layer
+stays).
 """
 
 from __future__ import annotations
@@ -31,7 +32,8 @@ from argparse import Namespace
 import torch
 
 from fairseq_headprune.checkpoint_io import load_model_and_task, load_split
-from fairseq_headprune.gated_transformer import attention_modules
+from fairseq_headprune.macs import predicted_speedups
+from fairseq_headprune.sites import attention_modules
 
 
 def load(path: str, data: str):
@@ -50,72 +52,6 @@ def sentences(task, subset: str, n: int) -> list[dict]:
 def make_batches(task, subset: str, items: list[dict], batch_size: int) -> list[dict]:
     ds = task.dataset(subset)
     return [ds.collater(items[i : i + batch_size]) for i in range(0, len(items), batch_size)]
-
-
-# ---- multiply-add counts -------------------------------------------------------------------
-#
-# One home for the plugin's multiply-add model. Every term is linear in a layer's number of
-# heads or FFN neurons, so it is written per unit: ``mac_terms`` gives the cost of one head of
-# each attention layer and of one neuron of each FFN, and the rest (the output layer).
-# ``encoder_macs`` and ``generation_macs`` sum it; the post-training pruner searches with it.
-
-Unit = tuple[str, int]  # (site, layer): "enc-self", "dec-self", "dec-enc", "enc-ffn", "dec-ffn"
-
-
-def _per_head(attn, tq: int, tk: int) -> int:
-    """Multiply-adds of one head of one attention call: q/k/v projections (queries over
-    ``tq`` positions, keys/values over ``tk``), scores, weighted sum and its out_proj columns."""
-    d = getattr(attn, "head_dim", 0)
-    if not d:
-        return 0
-    e_out = attn.out_proj.out_features if hasattr(attn, "out_proj") else 0
-    return (
-        tq * attn.q_proj.in_features * d + 2 * tk * attn.kdim * d + 2 * tq * tk * d + tq * d * e_out
-    )
-
-
-def mac_terms(
-    model, src_len: int, tgt_len: int = 0, beam: int = 1
-) -> tuple[int, dict[Unit, tuple[int, int]]]:
-    """(multiply-adds of no head or neuron, {unit: (multiply-adds per head or neuron, count)}).
-
-    The encoder runs once over ``src_len`` positions; with ``tgt_len`` > 0, beam search runs
-    ``tgt_len`` steps of ``beam`` hypotheses: per step one query over the self-attention cache
-    and the encoder output, the FFN and the output layer. Keys/values of the encoder output are
-    projected once per sentence.
-    """
-    terms: dict[Unit, tuple[int, int]] = {}
-    for i, layer in enumerate(model.encoder.layers):
-        attn = layer.self_attn
-        terms["enc-self", i] = (_per_head(attn, src_len, src_len), attn.num_heads)
-        terms["enc-ffn", i] = (2 * src_len * layer.fc1.in_features, layer.fc1.out_features)
-    if tgt_len <= 0:
-        return 0, terms
-    steps = range(1, tgt_len + 1)
-    for i, layer in enumerate(model.decoder.layers):
-        attn, cross = layer.self_attn, layer.encoder_attn
-        d_self, d_cross = getattr(attn, "head_dim", 0), getattr(cross, "head_dim", 0)
-        self_cost = sum(_per_head(attn, 1, 1) + 2 * t * d_self for t in steps)
-        cross_cost = tgt_len * (_per_head(cross, 1, 0) + 2 * src_len * d_cross)
-        kv_once = 2 * src_len * getattr(cross, "kdim", 0) * d_cross
-        terms["dec-self", i] = (beam * self_cost, attn.num_heads)
-        terms["dec-enc", i] = (beam * cross_cost + kv_once, cross.num_heads)
-        terms["dec-ffn", i] = (beam * tgt_len * 2 * layer.fc1.in_features, layer.fc1.out_features)
-    vocab = model.decoder.output_projection.weight.shape
-    return beam * tgt_len * vocab[0] * vocab[1], terms
-
-
-def total_macs(constant: int, terms: dict[Unit, tuple[int, int]]) -> int:
-    return constant + sum(cost * n for cost, n in terms.values())
-
-
-def encoder_macs(model, src_len: int) -> int:
-    return total_macs(*mac_terms(model, src_len))
-
-
-def generation_macs(model, src_len: int, tgt_len: int, beam: int) -> int:
-    """Encoder once; per decoding step and beam: one query over the cache, FFN, output layer."""
-    return total_macs(*mac_terms(model, src_len, tgt_len, beam))
 
 
 # ---- timing --------------------------------------------------------------------------------
@@ -228,43 +164,11 @@ def run_bench(args: argparse.Namespace) -> dict:
         "params": {n: sum(p.numel() for p in m.parameters()) for n, m in models.items()},
         "rows": [],
     }
-    pred_enc = encoder_macs(full, src_len) / encoder_macs(pruned, src_len)
-    pred_gen = generation_macs(full, src_len, tgt_len, args.beam) / generation_macs(
-        pruned, src_len, tgt_len, args.beam
-    )
-    pred_dec = (
-        generation_macs(full, src_len, tgt_len, args.beam) - encoder_macs(full, src_len)
-    ) / (generation_macs(pruned, src_len, tgt_len, args.beam) - encoder_macs(pruned, src_len))
-    report["mac_allowed_speedup"] = generation_macs(full, src_len, tgt_len, args.beam) / (
-        mac_terms(full, src_len, tgt_len, args.beam)[0] or 1
-    )
+    predicted = predicted_speedups(full, pruned, src_len, tgt_len, args.beam)
+    report["mac_allowed_speedup"] = predicted["allowed"]
     gens = {n: task.build_generator([m], Namespace(beam=args.beam)) for n, m in models.items()}
     for bs in args.batch_sizes:
-        batches = make_batches(task, args.subset, items, bs)
-
-        def encode(model):
-            return lambda b: model.encoder(
-                b["net_input"]["src_tokens"], src_lengths=b["net_input"]["src_lengths"]
-            )
-
-        enc = best_of({n: encode(m) for n, m in models.items()}, batches, args.repeats)
-        report["rows"].append(_row("encoder forward", bs, len(items), enc, pred_enc))
-        n_gen = min(len(items), args.generate_sentences or len(items))
-        gen_batches = make_batches(task, args.subset, items[:n_gen], bs)
-
-        def generate(name):
-            return lambda b: task.inference_step(gens[name], [models[name]], b)
-
-        gen = best_of({n: generate(n) for n in models}, gen_batches, max(1, args.repeats - 1))
-        row = _row(f"generate beam {args.beam}", bs, n_gen, gen, pred_gen)
-        for n, m in models.items():  # output length, to compare per generated token
-            row[f"{n}_tokens"] = generated_tokens(task, gens[n], m, gen_batches)
-        report["rows"].append(row)
-        # the decoder's share: beam search minus the encoder on the same sentences
-        if n_gen != len(items):
-            enc = best_of({n: encode(m) for n, m in models.items()}, gen_batches, args.repeats)
-        dec = {n: max(gen[n] - enc[n], 1e-9) for n in models}
-        report["rows"].append(_row("decoder (beam-enc)", bs, n_gen, dec, pred_dec))
+        report["rows"] += timed_rows(args, task, models, gens, items, bs, predicted)
     probe = make_batches(task, args.subset, items[: max(args.batch_sizes)], max(args.batch_sizes))[
         0
     ]
@@ -278,6 +182,44 @@ def run_bench(args: argparse.Namespace) -> dict:
             for n, p in (("full", args.full), ("pruned", args.pruned))
         }
     return report
+
+
+def timed_rows(
+    args: argparse.Namespace,
+    task,
+    models: dict,
+    gens: dict,
+    items: list[dict],
+    bs: int,
+    predicted: dict[str, float],
+) -> list[dict]:
+    """The encoder forward, beam search and decoder-share rows of one batch size."""
+    batches = make_batches(task, args.subset, items, bs)
+
+    def encode(model):
+        return lambda b: model.encoder(
+            b["net_input"]["src_tokens"], src_lengths=b["net_input"]["src_lengths"]
+        )
+
+    enc = best_of({n: encode(m) for n, m in models.items()}, batches, args.repeats)
+    rows = [_row("encoder forward", bs, len(items), enc, predicted["encoder"])]
+    n_gen = min(len(items), args.generate_sentences or len(items))
+    gen_batches = make_batches(task, args.subset, items[:n_gen], bs)
+
+    def generate(name):
+        return lambda b: task.inference_step(gens[name], [models[name]], b)
+
+    gen = best_of({n: generate(n) for n in models}, gen_batches, max(1, args.repeats - 1))
+    row = _row(f"generate beam {args.beam}", bs, n_gen, gen, predicted["generate"])
+    for n, m in models.items():  # output length, to compare per generated token
+        row[f"{n}_tokens"] = generated_tokens(task, gens[n], m, gen_batches)
+    rows.append(row)
+    # the decoder's share: beam search minus the encoder on the same sentences
+    if n_gen != len(items):
+        enc = best_of({n: encode(m) for n, m in models.items()}, gen_batches, args.repeats)
+    dec = {n: max(gen[n] - enc[n], 1e-9) for n in models}
+    rows.append(_row("decoder (beam-enc)", bs, n_gen, dec, predicted["decoder"]))
+    return rows
 
 
 def _row(what: str, bs: int, n: int, times: dict, predicted: float) -> dict:

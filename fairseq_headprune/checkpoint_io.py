@@ -19,8 +19,7 @@ from fairseq_headprune.checkpoint_safety import allow_fairseq_checkpoints, load_
 from fairseq_headprune.errors import HeadpruneError, user_error
 from fairseq_headprune.gated_transformer import gate_defaults
 from fairseq_headprune.hard_concrete import HardConcreteGate
-
-GATE_SUFFIX = ".head_gate.theta"
+from fairseq_headprune.sites import DEC_ENC, DEC_SELF, ENC_SELF, GATE_SUFFIX
 
 
 def load_checkpoint(path: str | os.PathLike) -> dict:
@@ -94,6 +93,18 @@ def model_args(state: dict) -> Namespace:
     if model is None:
         raise ValueError("the checkpoint holds no model configuration")
     return model if isinstance(model, Namespace) else Namespace(**dict(model))
+
+
+def head_layout(state: dict) -> dict[str, tuple[int, int]]:
+    """Attention type → (layers, heads per layer) of the full model a checkpoint was cut from.
+
+    Read from the saved configuration; the heads a pruned checkpoint kept are its
+    ``kept_heads`` (``pruning.parse_kept_heads``), gated heads its gates.
+    """
+    args = model_args(state)
+    enc = (args.encoder_layers, args.encoder_attention_heads)
+    dec = (args.decoder_layers, args.decoder_attention_heads)
+    return {ENC_SELF: enc, DEC_SELF: dec, DEC_ENC: dec}
 
 
 def gates_from_state(state: dict) -> dict[str, HardConcreteGate]:

@@ -21,9 +21,10 @@ from fairseq_headprune.checkpoint_io import gates_from_state, load_checkpoint
 from fairseq_headprune.errors import read_json, show_traceback, user_error
 from fairseq_headprune.export import export_pruned, mask_from_scores
 from fairseq_headprune.flags import add_flags_parser
-from fairseq_headprune.gated_transformer import gate_summary, parse_sites
+from fairseq_headprune.gate_trajectory import gate_summary
 from fairseq_headprune.posttrain.command import add_prune_parser
 from fairseq_headprune.scoring.command import add_score_parser
+from fairseq_headprune.sites import ENC_SELF, parse_sites
 
 
 def gate_table(state: dict) -> dict:
@@ -104,7 +105,7 @@ def add_export_parser(sub) -> None:
     p.add_argument("--top-k", type=int, help="with --scores: how many heads to keep")
     p.add_argument(
         "--score-types",
-        default="enc-self",
+        default=ENC_SELF,
         help="with --scores: attention types ranked "
         "(the others keep every head; default: enc-self)",
     )

@@ -27,14 +27,24 @@ import torch
 
 from fairseq_headprune import gate_decision
 from fairseq_headprune.checkpoint_io import (
-    GATE_SUFFIX,
     atomic_save,
     gates_from_state,
+    head_layout,
     load_checkpoint,
     model_args,
 )
-from fairseq_headprune.gated_transformer import SITES, gate_defaults, layer_of, site_of
-from fairseq_headprune.pruning import FFN_SITES, parse_kept_heads, prune_state_dict
+from fairseq_headprune.gated_transformer import gate_defaults
+from fairseq_headprune.pruning import parse_kept_heads, prune_state_dict
+from fairseq_headprune.sites import (
+    DEC_ENC,
+    DEC_SELF,
+    ENC_SELF,
+    FFN_SITES,
+    GATE_SUFFIX,
+    layer_of,
+    site_of,
+    site_order,
+)
 
 
 def attention_layout(state: dict) -> dict[str, tuple[int, int, list[int]]]:
@@ -46,10 +56,9 @@ def attention_layout(state: dict) -> dict[str, tuple[int, int, list[int]]]:
     ):
         raise ValueError("the checkpoint is not a fairseq transformer")
     kept = parse_kept_heads(getattr(args, "kept_heads", None))
-    heads = {"enc-self": args.encoder_attention_heads}
-    heads["dec-self"] = heads["dec-enc"] = args.decoder_attention_heads
-    dims = {"enc-self": args.encoder_embed_dim}
-    dims["dec-self"] = dims["dec-enc"] = args.decoder_embed_dim
+    heads = {site: n for site, (_, n) in head_layout(state).items()}
+    dims = {ENC_SELF: args.encoder_embed_dim, DEC_SELF: args.decoder_embed_dim}
+    dims[DEC_ENC] = args.decoder_embed_dim
     layout = {}
     for key in state["model"]:
         if key.endswith(("_attn.q_proj.weight", "_attn.out_proj_bias")):
@@ -122,36 +131,18 @@ def export_pruned(
     gate_modules = gates_from_state(state)
     gates = {p: g.deterministic().detach() for p, g in gate_modules.items()}
     det = {p: g.clone() for p, g in gates.items()}
-    notes = []
+    notes: list[str] = []
     if mask is not None:
         kept = mask_to_kept(mask, layout)
     elif gates:
         if not force_budget:
             gate_decision.check_decided(gate_modules, _target_heads_spec(state))
-        kept = {p: torch.nonzero(g > 0).flatten().tolist() for p, g in gates.items()}
-        budget_kept = _target_heads_kept(state, gate_modules) or {}
-        if any(kept[p] != heads for p, heads in budget_kept.items()):
-            n_det = sum(len(kept[p]) for p in budget_kept)
-            n_k = sum(map(len, budget_kept.values()))
-            notes.append(
-                f"the deterministic gates leave {n_det} budgeted heads open; keeping the {n_k} "
-                "heads of highest P(open) that the run's --target-heads asks for"
-            )
-            for p, heads in budget_kept.items():  # a kept head whose gate is 0 counts fully
-                gates[p][[h for h in heads if gates[p][h] == 0]] = 1.0
-            kept.update(budget_kept)
+        kept = _kept_by_gates(state, gate_modules, gates, notes)
     else:
         raise ValueError(f"{path} has no head gates: give a --mask of the heads to keep")
     shapes = {p: (n, d) for p, (n, d, _) in layout.items()}
     pruned = prune_state_dict(state["model"], shapes, kept, gates)
-
-    kept_heads: dict[str, list[list[int]]] = {}
-    for prefix in sorted(layout, key=lambda p: (SITES.index(site_of(p)), layer_of(p))):
-        n, _, original = layout[prefix]
-        positions = kept.get(prefix, list(range(n)))
-        kept_heads.setdefault(site_of(prefix), []).append([original[p] for p in positions])
-    previous = parse_kept_heads(getattr(model_args(state), "kept_heads", None))
-    kept_heads.update({s: rows for s, rows in previous.items() if s in FFN_SITES})
+    kept_heads = _kept_heads_record(state, layout, kept)
     save_pruned_checkpoint(state, pruned, kept_heads, out, force)
 
     gate_change, removed_gate = gate_decision.folding_changes(det, gates, kept)
@@ -165,6 +156,40 @@ def export_pruned(
         "params_before": n_params(state["model"]),
         "params_after": n_params(pruned),
     }
+
+
+def _kept_by_gates(
+    state: dict, gate_modules: dict, gates: dict[str, torch.Tensor], notes: list[str]
+) -> dict[str, list[int]]:
+    """Prefix → positions of the heads whose deterministic gate is > 0, or, for the types a
+    ``--target-heads`` budget covers, its top-K heads (their closed gates set to 1 in
+    ``gates``, a note added to ``notes``)."""
+    kept = {p: torch.nonzero(g > 0).flatten().tolist() for p, g in gates.items()}
+    budget_kept = _target_heads_kept(state, gate_modules) or {}
+    if any(kept[p] != heads for p, heads in budget_kept.items()):
+        n_det = sum(len(kept[p]) for p in budget_kept)
+        n_k = sum(map(len, budget_kept.values()))
+        notes.append(
+            f"the deterministic gates leave {n_det} budgeted heads open; keeping the {n_k} "
+            "heads of highest P(open) that the run's --target-heads asks for"
+        )
+        for p, heads in budget_kept.items():  # a kept head whose gate is 0 counts fully
+            gates[p][[h for h in heads if gates[p][h] == 0]] = 1.0
+        kept.update(budget_kept)
+    return kept
+
+
+def _kept_heads_record(state: dict, layout: dict, kept: dict) -> dict[str, list[list[int]]]:
+    """The pruned model's ``kept_heads``: original indices of the kept heads per type and
+    layer, and the FFN neurons an earlier pruning kept."""
+    kept_heads: dict[str, list[list[int]]] = {}
+    for prefix in sorted(layout, key=site_order):
+        n, _, original = layout[prefix]
+        positions = kept.get(prefix, list(range(n)))
+        kept_heads.setdefault(site_of(prefix), []).append([original[p] for p in positions])
+    previous = parse_kept_heads(getattr(model_args(state), "kept_heads", None))
+    kept_heads.update({s: rows for s, rows in previous.items() if s in FFN_SITES})
+    return kept_heads
 
 
 def save_pruned_checkpoint(
@@ -232,7 +257,7 @@ def mask_from_scores(
     heads_json: str | Path,
     metric: str,
     k: int,
-    sites: Sequence[str] = ("enc-self",),
+    sites: Sequence[str] = (ENC_SELF,),
     ascending: bool = False,
 ) -> dict[str, list[list[int]]]:
     """Keep the ``k`` heads of ``sites`` ranked best by ``metric`` of a scorer's heads.json.

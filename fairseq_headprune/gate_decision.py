@@ -25,8 +25,9 @@ import torch
 
 from fairseq_headprune import budget
 from fairseq_headprune.errors import HeadpruneError
-from fairseq_headprune.gated_transformer import layer_of, site_of
+from fairseq_headprune.gate_trajectory import stack_by_site
 from fairseq_headprune.hard_concrete import HardConcreteGate
+from fairseq_headprune.sites import group_by_site
 
 # A kept head's deterministic gate, without a budget, is at least this.
 OPEN_GATE = 0.5
@@ -38,15 +39,12 @@ _SHOWN = 6
 
 def by_site(gates: Mapping[str, HardConcreteGate]) -> dict[str, list[str]]:
     """Attention type → its gated attention prefixes in layer order."""
-    sites: dict[str, list[str]] = {}
-    for prefix in sorted(gates, key=layer_of):
-        sites.setdefault(site_of(prefix), []).append(prefix)
-    return sites
+    return group_by_site(gates)
 
 
-def _stack(gates: Mapping[str, HardConcreteGate], sites: dict, value) -> dict[str, torch.Tensor]:
+def _stack(gates: Mapping[str, HardConcreteGate], value) -> dict[str, torch.Tensor]:
     with torch.no_grad():
-        return {s: torch.stack([value(gates[p]) for p in ps]) for s, ps in sites.items()}
+        return stack_by_site(gates, value)
 
 
 def _name(site: str, layer: int, head: int) -> str:
@@ -57,7 +55,7 @@ def budget_masks(gates: Mapping[str, HardConcreteGate], spec: str) -> dict[str, 
     """Per budgeted attention type, the top-K mask (layers × heads) of ``--target-heads``."""
     sites = by_site(gates)
     targets = budget.parse_target_heads(spec, list(sites))
-    mask = budget.topk_open_mask(_stack(gates, sites, HardConcreteGate.prob_open), targets)
+    mask = budget.topk_open_mask(_stack(gates, HardConcreteGate.prob_open), targets)
     covered = list(sites) if budget.TOTAL in targets else list(targets)
     return {s: mask[s] for s in covered}
 
@@ -65,8 +63,8 @@ def budget_masks(gates: Mapping[str, HardConcreteGate], spec: str) -> dict[str, 
 def undecided(gates: Mapping[str, HardConcreteGate], spec: str | None) -> list[str]:
     """Descriptions of the gates that do not decide their head (empty: all decided)."""
     sites = by_site(gates)
-    det = _stack(gates, sites, HardConcreteGate.deterministic)
-    prob = _stack(gates, sites, HardConcreteGate.prob_open)
+    det = _stack(gates, HardConcreteGate.deterministic)
+    prob = _stack(gates, HardConcreteGate.prob_open)
     masks = budget_masks(gates, spec) if spec else {}
     problems = []
     for site in sites:

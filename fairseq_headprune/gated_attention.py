@@ -14,18 +14,21 @@ In fairseq's ``MultiheadAttention`` that seam is the input of ``out_proj``, of s
 - a forward pre-hook on ``out_proj`` then sees every head's output in training, validation,
   full and incremental decoding, without a copy of ``forward`` and with state-dict keys
   identical to a stock transformer's (the gate adds ``<attn>.head_gate.theta``).
+
+:func:`head_gates` and :func:`gates_by_name` find the gates of a model.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 
 import torch
 from fairseq.modules import MultiheadAttention
-from torch import Tensor
+from torch import Tensor, nn
 
 from fairseq_headprune.errors import HeadpruneError
 from fairseq_headprune.hard_concrete import HardConcreteGate
+from fairseq_headprune.sites import attention_modules
 
 # observer(head_outputs (T, B, H, d), gate (H,)) -> None; used by the head scorers.
 HeadObserver = Callable[[Tensor, Tensor], None]
@@ -71,3 +74,18 @@ def install_head_gate(attn: MultiheadAttention, **gate_kwargs) -> HeadGate:
     attn._set_skip_embed_dim_check()
     attn.out_proj.register_forward_pre_hook(attn.head_gate.pre_out_proj)
     return attn.head_gate
+
+
+def head_gates(model: nn.Module) -> Iterator[tuple[str, int, HeadGate]]:
+    """Yield ``(site, layer index, gate)`` for every gated attention module."""
+    for site, i, attn in attention_modules(model):
+        gate = getattr(attn, "head_gate", None)
+        if gate is not None:
+            yield site, i, gate
+
+
+def gates_by_name(model: nn.Module) -> Iterator[tuple[str, HeadGate]]:
+    """Yield ``(module name, gate)`` for every head gate, through any DDP wrapper."""
+    for name, module in model.named_modules():
+        if isinstance(module, HeadGate):
+            yield name, module

@@ -18,9 +18,7 @@ from __future__ import annotations
 
 import logging
 from collections import defaultdict
-from collections.abc import Iterator, Mapping
 
-import torch
 from fairseq.models import register_model, register_model_architecture
 from fairseq.models.transformer import TransformerModel
 from fairseq.models.transformer.transformer_legacy import (
@@ -35,103 +33,31 @@ from torch import nn
 from fairseq_headprune import schedule_check
 from fairseq_headprune.checkpoint_fit import check_fit
 from fairseq_headprune.errors import HeadpruneError
-from fairseq_headprune.gated_attention import HeadGate, install_head_gate
+from fairseq_headprune.gated_attention import head_gates, install_head_gate
 from fairseq_headprune.hard_concrete import (
     DEFAULT_INIT_LOG_ALPHA,
     DEFAULT_LR_SCALE,
     DEFAULT_STRETCH,
     DEFAULT_TEMPERATURE,
     LEGACY_LR_SCALE,
-    HardConcreteGate,
     check_gate_hparams,
 )
-from fairseq_headprune.pruning import FFN_SITES, parse_kept_heads, resize_attention, resize_ffn
+from fairseq_headprune.pruning import parse_kept_heads, shrink_to_kept
+from fairseq_headprune.sites import (
+    ENC_SELF,
+    GATE_KEY,
+    SITES,
+    attention_modules,
+    layer_of,  # noqa: F401  (recipes.study.records reads it here)
+    parse_sites,
+    site_of,
+)
 
 logger = logging.getLogger(__name__)
 
-SITES = ("enc-self", "dec-self", "dec-enc")
 DEFAULT_SITES = ",".join(SITES)
-GATE_KEY = "head_gate.theta"
 # The task attribute through which build_model tells the criterion the gated heads per type.
 GATED_HEADS_ATTR = "headprune_gated_heads"
-
-
-def parse_sites(value: str | None, flag: str = "--head-gates") -> tuple[str, ...]:
-    """``"enc-self,dec-enc"`` → ``("enc-self", "dec-enc")`` in canonical order; ``none`` → ()."""
-    if value is None or value.strip().lower() in ("", "none"):
-        return ()
-    names = [s.strip() for s in value.split(",") if s.strip()]
-    unknown = [s for s in names if s not in SITES]
-    if unknown:
-        raise HeadpruneError(
-            f"{flag}: unknown attention type(s) {unknown}; choose from {list(SITES)} or 'none'"
-        )
-    return tuple(s for s in SITES if s in names)
-
-
-def attention_modules(model: nn.Module) -> Iterator[tuple[str, int, MultiheadAttention]]:
-    """Yield ``(site, layer index, attention module)`` for every attention of a transformer."""
-    for i, layer in enumerate(model.encoder.layers):
-        yield "enc-self", i, layer.self_attn
-    for i, layer in enumerate(model.decoder.layers):
-        yield "dec-self", i, layer.self_attn
-        if getattr(layer, "encoder_attn", None) is not None:
-            yield "dec-enc", i, layer.encoder_attn
-
-
-def head_gates(model: nn.Module) -> Iterator[tuple[str, int, HeadGate]]:
-    """Yield ``(site, layer index, gate)`` for every gated attention module."""
-    for site, i, attn in attention_modules(model):
-        gate = getattr(attn, "head_gate", None)
-        if gate is not None:
-            yield site, i, gate
-
-
-def site_of(name: str) -> str:
-    """The attention type of a parameter or module name (``encoder.layers.0.self_attn…``)."""
-    parts = name.split(".")
-    if "encoder_attn" in parts:
-        return "dec-enc"
-    if "decoder" in parts:
-        return "dec-self"
-    if "encoder" in parts:
-        return "enc-self"
-    raise ValueError(f"{name!r} is not a transformer attention parameter")
-
-
-def layer_of(name: str) -> int:
-    """The layer index of a parameter or module name (``….layers.3.self_attn…`` → 3)."""
-    return int(name.split("layers.")[1].split(".")[0])
-
-
-def gates_by_name(model: nn.Module) -> Iterator[tuple[str, HeadGate]]:
-    """Yield ``(module name, gate)`` for every head gate, through any DDP wrapper."""
-    for name, module in model.named_modules():
-        if isinstance(module, HeadGate):
-            yield name, module
-
-
-def gate_summary(gates: Mapping[str, HardConcreteGate]) -> dict:
-    """Per attention type: P(open) and deterministic gate (layers × heads), open counts.
-
-    ``gates`` maps attention names (``encoder.layers.0.self_attn…``) to their gates, as
-    :func:`gates_by_name` or ``checkpoint_io.gates_from_state`` give them.
-    """
-    rows: dict[str, dict[int, HardConcreteGate]] = defaultdict(dict)
-    for name, gate in gates.items():
-        rows[site_of(name)][layer_of(name)] = gate
-    table: dict = {"sites": {}, "open": 0, "total": 0}
-    with torch.no_grad():
-        for site in (s for s in SITES if s in rows):
-            layers = [rows[site][i] for i in sorted(rows[site])]
-            prob = [g.prob_open().tolist() for g in layers]
-            det = [g.deterministic().tolist() for g in layers]
-            n_open = sum(v > 0 for layer in det for v in layer)
-            total = sum(len(layer) for layer in det)
-            table["sites"][site] = {"prob_open": prob, "gate": det, "open": n_open, "total": total}
-            table["open"] += n_open
-            table["total"] += total
-    return table
 
 
 def _module_key(model: nn.Module, module: nn.Module) -> str:
@@ -196,7 +122,7 @@ class GatedTransformerModel(TransformerModel):
             init_log_alpha=args.head_gate_init_log_alpha,
             lr_scale=args.head_gate_lr_scale,
         )
-        if args.freeze_decoder and "enc-self" not in sites:
+        if args.freeze_decoder and ENC_SELF not in sites:
             raise HeadpruneError(
                 "--freeze-decoder prunes the encoder only, but --head-gates "
                 f"'{args.head_gates}' puts no gate on enc-self: nothing would be pruned"
@@ -227,40 +153,7 @@ class GatedTransformerModel(TransformerModel):
     def apply_kept_heads(self, kept: dict[str, list[list[int]]]) -> None:
         """Shrink attention modules to the kept heads' shapes, and FFNs to the kept neurons'
         (``enc-ffn`` / ``dec-ffn``); the weights are loaded after."""
-        layers = {"enc-self": self.encoder.layers, "dec-self": self.decoder.layers}
-        layers["dec-enc"] = self.decoder.layers
-        layers["enc-ffn"], layers["dec-ffn"] = self.encoder.layers, self.decoder.layers
-        attr = {"enc-self": "self_attn", "dec-self": "self_attn", "dec-enc": "encoder_attn"}
-        for site, per_layer in kept.items():
-            if site not in SITES + FFN_SITES:
-                raise HeadpruneError(
-                    f"--kept-heads: unknown type {site!r}; allowed: {list(SITES + FFN_SITES)}"
-                )
-            if len(per_layer) != len(layers[site]):
-                raise HeadpruneError(
-                    f"--kept-heads: {site} lists {len(per_layer)} layers, the model has "
-                    f"{len(layers[site])}"
-                )
-            if site in FFN_SITES:
-                for layer, neurons in zip(layers[site], per_layer):
-                    width = layer.fc1.out_features
-                    if any(not 0 <= j < width for j in neurons) or len(set(neurons)) != len(
-                        neurons
-                    ):
-                        raise HeadpruneError(
-                            f"--kept-heads: {site} names neurons outside 0..{width - 1} or twice"
-                        )
-                    resize_ffn(layer, len(neurons))
-                continue
-            for i, heads in enumerate(per_layer):
-                attn = getattr(layers[site][i], attr[site])
-                bad = [h for h in heads if not 0 <= h < attn.num_heads]
-                if bad or len(set(heads)) != len(heads):
-                    raise HeadpruneError(
-                        f"--kept-heads: {site} layer {i} names heads {heads}, but the layer has "
-                        f"heads 0..{attn.num_heads - 1}"
-                    )
-                setattr(layers[site][i], attr[site], resize_attention(attn, len(heads)))
+        shrink_to_kept(self, kept)
 
     def set_num_updates(self, num_updates: int) -> None:
         """Called by fairseq's trainer every update; the L0 criterion reads it."""
@@ -325,6 +218,15 @@ class GatedTransformerModel(TransformerModel):
         }
         kept = getattr(self.args, "kept_heads", None)
         check_fit(self.state_dict(), state_dict, prefix, attention, kept)
+
+
+def num_updates_of(model: nn.Module) -> int:
+    """``model.num_updates`` (set every update by the trainer), through DDP wrappers."""
+    while not hasattr(model, "num_updates") and isinstance(
+        getattr(model, "module", None), nn.Module
+    ):
+        model = model.module
+    return int(getattr(model, "num_updates", 0) or 0)
 
 
 def gate_defaults(args) -> None:

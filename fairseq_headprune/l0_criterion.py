@@ -45,16 +45,11 @@ interval also logs per budget ``c`` (``enc_self``, ``dec_self``, ``dec_enc`` or 
 
 Gate trajectories (``--gate-trajectory-interval N``): every N updates, the training forward
 pass appends every head's P(open) and deterministic gate to ``SAVE_DIR/gate_trajectory.jsonl``
-(one JSON object per line: ``num_updates`` and, per attention type, ``prob_open``/``gate``
-as layers × heads), so that the update at which each gate closed (Voita et al., Fig. 8) is
-known without saving checkpoints along the way.
+(the format and its reader: ``gate_trajectory``).
 """
 
-import json
 import logging
-from collections import defaultdict
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Optional
 
 import torch
@@ -70,14 +65,11 @@ from torch import nn
 
 from fairseq_headprune import budget
 from fairseq_headprune.errors import HeadpruneError, check_value
-from fairseq_headprune.gated_transformer import (
-    GATED_HEADS_ATTR,
-    SITES,
-    gate_summary,
-    gates_by_name,
-    site_of,
-)
+from fairseq_headprune.gate_trajectory import TrajectoryWriter, stack_by_site
+from fairseq_headprune.gated_attention import gates_by_name
+from fairseq_headprune.gated_transformer import GATED_HEADS_ATTR, num_updates_of
 from fairseq_headprune.hard_concrete import HardConcreteGate
+from fairseq_headprune.sites import SITES
 
 logger = logging.getLogger(__name__)
 
@@ -85,7 +77,6 @@ NORMALIZATIONS = ChoiceEnum(["sum", "layer-mean"])
 # Logged per attention type: expected open heads Σ P(open), and open deterministic gates.
 STAT_PREFIXES = ("exp_open", "open")
 # Logged per budget (attention type or total) with --target-heads.
-TRAJECTORY_FILE = "gate_trajectory.jsonl"
 BUDGET_PREFIXES = ("target", "exp_open", "lambda_1", "lambda_2")
 
 
@@ -93,17 +84,9 @@ def _metric(prefix: str, site: str) -> str:
     return f"{prefix}_{site.replace('-', '_')}"
 
 
-def stack_by_site(model: nn.Module, value) -> "dict[str, torch.Tensor]":
-    """Per attention type: ``value(gate)`` of every gated layer, stacked to (layers, heads)."""
-    rows: dict[str, list] = defaultdict(list)
-    for name, gate in gates_by_name(model):
-        rows[site_of(name)].append(value(gate))
-    return {site: torch.stack(rows[site]) for site in SITES if site in rows}
-
-
 def prob_open_by_site(model: nn.Module) -> "dict[str, torch.Tensor]":
     """Per attention type: P(open) of every gated head, (layers, heads), differentiable."""
-    return stack_by_site(model, HardConcreteGate.prob_open)
+    return stack_by_site(dict(gates_by_name(model)), HardConcreteGate.prob_open)
 
 
 def l0_penalty(model: nn.Module, normalization: str = "sum") -> torch.Tensor:
@@ -113,15 +96,6 @@ def l0_penalty(model: nn.Module, normalization: str = "sum") -> torch.Tensor:
         return torch.zeros(())
     total = torch.stack(per_layer).sum()
     return total / len(per_layer) if normalization == "layer-mean" else total
-
-
-def num_updates_of(model: nn.Module) -> int:
-    """``model.num_updates`` (set every update by the trainer), through DDP wrappers."""
-    while not hasattr(model, "num_updates") and isinstance(
-        getattr(model, "module", None), nn.Module
-    ):
-        model = model.module
-    return int(getattr(model, "num_updates", 0) or 0)
 
 
 @dataclass
@@ -219,17 +193,7 @@ class LabelSmoothedCrossEntropyL0Criterion(LabelSmoothedCrossEntropyCriterion):
             if gated is not None:
                 budget.check_targets(self.targets, gated)
                 self._checked = True
-        if gate_trajectory_interval < 0:
-            raise HeadpruneError(
-                f"--gate-trajectory-interval must be >= 0, got {gate_trajectory_interval}"
-            )
-        if gate_trajectory_interval and not save_dir:
-            raise HeadpruneError("--gate-trajectory-interval needs a --save-dir to write to")
-        self.gate_trajectory_interval = int(gate_trajectory_interval)
-        self.gate_trajectory_path = (
-            Path(save_dir) / TRAJECTORY_FILE if gate_trajectory_interval else None
-        )
-        self._recorded_update = -1
+        self.trajectory = TrajectoryWriter(gate_trajectory_interval, save_dir)
 
     def _init_budget(self, spec: str, warmup_updates: int, lr_scale: float, rounding: float):
         if self.l0_lambda != 0:
@@ -269,10 +233,10 @@ class LabelSmoothedCrossEntropyL0Criterion(LabelSmoothedCrossEntropyCriterion):
             term = self._budget_term(model, sample_size, logging_output)
             loss = loss + term.to(loss) * sample_size
         logging_output["loss"] = loss.data
-        if self.gate_trajectory_interval and model.training:
-            self._record_trajectory(model)
+        if self.trajectory.interval and model.training:  # every N-th update: gates to a file
+            self.trajectory.record(num_updates_of(model), lambda: dict(gates_by_name(model)))
         with torch.no_grad():
-            gates = stack_by_site(model, HardConcreteGate.deterministic)
+            gates = stack_by_site(dict(gates_by_name(model)), HardConcreteGate.deterministic)
             for site, prob_open in prob_open_by_site(model).items():
                 expected = prob_open.sum().item()
                 n_open = (gates[site] > 0).sum().item()
@@ -280,36 +244,16 @@ class LabelSmoothedCrossEntropyL0Criterion(LabelSmoothedCrossEntropyCriterion):
                 logging_output[_metric("open", site)] = n_open * sample_size
         return loss, sample_size, logging_output
 
-    def _record_trajectory(self, model: nn.Module) -> None:
-        """Append the gates to gate_trajectory.jsonl at every N-th update (rank 0 only).
-
-        Called in training forward passes, where ``model.num_updates`` is the number of
-        updates done so far. A resumed run writes its updates again; readers keep the last
-        line of each update.
-        """
-        updates = num_updates_of(model)
-        if updates % self.gate_trajectory_interval or updates == self._recorded_update:
-            return
-        self._recorded_update = updates
-        if torch.distributed.is_initialized() and torch.distributed.get_rank() != 0:
-            return
-        table = gate_summary(dict(gates_by_name(model)))
-        line = json.dumps({"num_updates": updates, "sites": table["sites"]})
-        self.gate_trajectory_path.parent.mkdir(parents=True, exist_ok=True)
-        with open(self.gate_trajectory_path, "a") as f:
-            f.write(line + "\n")
-
     def _budget_term(self, model, sample_size, logging_output) -> torch.Tensor:
         """L_budget (differentiable in the gates and, reversed, in λ); logs its state."""
         prob_open = prob_open_by_site(model)  # site -> (layers, heads)
+        gated = {s: p.numel() for s, p in prob_open.items()}
         if not self._checked:
-            budget.check_targets(self.targets, {s: p.numel() for s, p in prob_open.items()})
+            budget.check_targets(self.targets, gated)
             self._checked = True
         names = list(self.targets)
         expected = budget.expected_open(prob_open, names)  # (C,)
-        start = torch.tensor(
-            [float(budget.heads_in({s: p.numel() for s, p in prob_open.items()}, c)) for c in names]
-        ).to(expected)
+        start = torch.tensor([float(budget.heads_in(gated, c)) for c in names]).to(expected)
         goal = torch.tensor([float(self.targets[c]) for c in names]).to(expected)
         updates = num_updates_of(model)
         target = budget.ramped_target(

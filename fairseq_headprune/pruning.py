@@ -30,6 +30,13 @@ from fairseq.modules import MultiheadAttention
 from torch import Tensor, nn
 
 from fairseq_headprune.errors import HeadpruneError
+from fairseq_headprune.sites import (
+    FFN_SITES,
+    SITES,
+    get_attention,
+    set_attention,
+    site_layers,
+)
 
 KeptHeads = dict[str, list[list[int]]]
 PROJECTIONS = ("q_proj", "k_proj", "v_proj")
@@ -69,9 +76,6 @@ def resize_attention(attn: MultiheadAttention, num_heads: int) -> nn.Module:
     attn.num_heads, attn.embed_dim = num_heads, width
     attn._set_skip_embed_dim_check()  # the fused route checks embed_dim == query dim
     return attn
-
-
-FFN_SITES = ("enc-ffn", "dec-ffn")
 
 
 def resize_ffn(layer: nn.Module, width: int) -> None:
@@ -199,3 +203,43 @@ def unprune_state_dict(
         if keep:
             out[key][:, cols] = state[key]
     return out
+
+
+def shrink_to_kept(model: nn.Module, kept: KeptHeads) -> None:
+    """Shrink ``model``'s attention modules to the kept heads' shapes, and its FFNs to the kept
+    neurons' (``enc-ffn`` / ``dec-ffn``), checking ``kept`` first; the weights are loaded after."""
+    for site, per_layer in kept.items():
+        if site not in SITES + FFN_SITES:
+            raise HeadpruneError(
+                f"--kept-heads: unknown type {site!r}; allowed: {list(SITES + FFN_SITES)}"
+            )
+        rows = site_layers(model, site)
+        if len(per_layer) != len(rows):
+            raise HeadpruneError(
+                f"--kept-heads: {site} lists {len(per_layer)} layers, the model has {len(rows)}"
+            )
+        for i, (layer, kept_units) in enumerate(zip(rows, per_layer)):
+            if site in FFN_SITES:
+                _keep_neurons(layer, site, kept_units)
+            else:
+                _keep_heads(layer, site, i, kept_units)
+
+
+def _keep_neurons(layer: nn.Module, site: str, neurons: list[int]) -> None:
+    """Resize ``layer``'s FFN for the kept ``neurons`` (original indices), after checking them."""
+    width = layer.fc1.out_features
+    if any(not 0 <= j < width for j in neurons) or len(set(neurons)) != len(neurons):
+        raise HeadpruneError(f"--kept-heads: {site} names neurons outside 0..{width - 1} or twice")
+    resize_ffn(layer, len(neurons))
+
+
+def _keep_heads(layer: nn.Module, site: str, i: int, heads: list[int]) -> None:
+    """Resize ``layer``'s ``site`` attention for the kept ``heads``, after checking them."""
+    attn = get_attention(layer, site)
+    bad = [h for h in heads if not 0 <= h < attn.num_heads]
+    if bad or len(set(heads)) != len(heads):
+        raise HeadpruneError(
+            f"--kept-heads: {site} layer {i} names heads {heads}, but the layer has "
+            f"heads 0..{attn.num_heads - 1}"
+        )
+    set_attention(layer, site, resize_attention(attn, len(heads)))

@@ -5,7 +5,7 @@ import json
 import torch
 from torch.utils.flop_counter import FlopCounterMode
 
-from fairseq_headprune.bench import encoder_macs
+from fairseq_headprune.macs import encoder_macs
 from fairseq_headprune.pruning import resize_attention
 from tests.helpers import build_model, cli
 

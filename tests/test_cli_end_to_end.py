@@ -8,7 +8,7 @@ import re
 import pytest
 import torch
 
-from fairseq_headprune.gated_transformer import head_gates
+from fairseq_headprune.gated_attention import head_gates
 from tests.helpers import REPO, TINY_ARCH, TRAIN_COMMON, USER_DIR, cli, load_state, train
 
 PRUNE = [

@@ -9,8 +9,9 @@ import torch
 from fairseq import checkpoint_utils
 
 import fairseq_headprune  # noqa: F401  registers the plugin, as --user-dir does
-from fairseq_headprune.gated_transformer import attention_modules, head_gates
+from fairseq_headprune.gated_attention import head_gates
 from fairseq_headprune.pruning import NoHeadAttention
+from fairseq_headprune.sites import attention_modules
 from tests.helpers import TINY_ARCH, TRAIN_COMMON, USER_DIR, cli, load_state
 
 # log α per head (saved without --head-gate-lr-scale: θ = log α) → deterministic gate 0,

@@ -6,8 +6,8 @@ import pytest
 import torch
 from fairseq.modules import MultiheadAttention
 
-from fairseq_headprune.gated_attention import install_head_gate
-from fairseq_headprune.gated_transformer import attention_modules, head_gates
+from fairseq_headprune.gated_attention import head_gates, install_head_gate
+from fairseq_headprune.sites import attention_modules
 from tests.helpers import build_model
 
 E, H, T, S, B = 16, 4, 5, 7, 3

@@ -6,7 +6,7 @@ import pytest
 import torch
 from fairseq.data import LanguagePairDataset
 
-from fairseq_headprune.gated_transformer import head_gates
+from fairseq_headprune.gated_attention import head_gates
 from fairseq_headprune.l0_criterion import LabelSmoothedCrossEntropyL0Criterion, l0_penalty
 from tests.helpers import build_model
 

@@ -12,8 +12,8 @@ import torch.nn.functional as F
 from fairseq import checkpoint_utils
 
 import fairseq_headprune  # noqa: F401  registers the plugin, as --user-dir does
-from fairseq_headprune.bench import mac_terms
 from fairseq_headprune.errors import HeadpruneError
+from fairseq_headprune.macs import mac_terms
 from fairseq_headprune.posttrain.fisher import calibration_batches, fisher
 from fairseq_headprune.posttrain.masks import Masks
 from fairseq_headprune.posttrain.search import (

@@ -7,9 +7,10 @@ import pytest
 import torch
 
 from fairseq_headprune import budget
-from fairseq_headprune.gated_transformer import SITES, head_gates
+from fairseq_headprune.gated_attention import head_gates
 from fairseq_headprune.hard_concrete import GRAD_SCALE
 from fairseq_headprune.l0_criterion import LabelSmoothedCrossEntropyL0Criterion
+from fairseq_headprune.sites import SITES
 from tests.helpers import TINY_ARCH, TRAIN_COMMON, USER_DIR, build_model, cli, load_state, train
 from tests.test_l0_criterion import _samples, _Task
 

@@ -19,13 +19,13 @@ from pathlib import Path
 import torch
 from fairseq import checkpoint_utils
 
-from fairseq_headprune.bench import mac_terms, total_macs
 from fairseq_headprune.checkpoint_io import load_checkpoint, model_args
 from fairseq_headprune.errors import HeadpruneError
 from fairseq_headprune.export import attention_layout, n_params, save_pruned_checkpoint
+from fairseq_headprune.macs import mac_terms, prunable_macs, total_macs
 from fairseq_headprune.posttrain.fisher import calibration_batches, fisher
 from fairseq_headprune.posttrain.latency import latency_terms
-from fairseq_headprune.posttrain.masks import HEAD_SITES, Masks, module_prefix
+from fairseq_headprune.posttrain.masks import Masks
 from fairseq_headprune.posttrain.search import (
     parse_budget,
     rearrange_all,
@@ -33,12 +33,8 @@ from fairseq_headprune.posttrain.search import (
     search_heads,
 )
 from fairseq_headprune.posttrain.tuning import tune
-from fairseq_headprune.pruning import (
-    FFN_SITES,
-    parse_kept_heads,
-    prune_ffn_state_dict,
-    prune_state_dict,
-)
+from fairseq_headprune.pruning import parse_kept_heads, prune_ffn_state_dict, prune_state_dict
+from fairseq_headprune.sites import FFN_SITES, UNIT_SITES, module_prefix, site_layers
 
 
 def check_checkpoint(path: str) -> dict:
@@ -68,14 +64,14 @@ def kept_heads_json(state: dict, model, keep: dict) -> dict[str, list[list[int]]
     layout = attention_layout(state)
     previous = parse_kept_heads(getattr(model_args(state), "kept_heads", None))
     out: dict[str, list[list[int]]] = {}
-    for site in HEAD_SITES + FFN_SITES:
-        layers = model.encoder.layers if site.startswith("enc") else model.decoder.layers
+    for site in UNIT_SITES:
+        layers = site_layers(model, site)
         for i in range(len(layers)):
             if site in FFN_SITES:
                 width = layers[i].fc1.out_features
                 original = previous[site][i] if site in previous else list(range(width))
             else:
-                _, _, original = layout[module_prefix(model, (site, i))]
+                _, _, original = layout[module_prefix((site, i))]
             positions = keep[site, i].nonzero().flatten().tolist() if (site, i) in keep else []
             out.setdefault(site, []).append([original[p] for p in positions])
     return out
@@ -87,7 +83,7 @@ def export(state: dict, model, masks: Masks, keep: dict, out: str, force: bool) 
     heads = {p: (n, d) for p, (n, d, _) in layout.items()}
     kept_pos, gates, ffn_kept, ffn_scales = {}, {}, {}, {}
     for unit, k in keep.items():
-        prefix = module_prefix(model, unit)
+        prefix = module_prefix(unit)
         positions = k.nonzero().flatten().tolist()
         if unit[0] in FFN_SITES:
             ffn_kept[prefix], ffn_scales[prefix] = positions, masks.values[unit]
@@ -130,7 +126,7 @@ def choose(args, task, model, masks: Masks, batches: list[dict], terms: dict) ->
             cost, allowed, latency = args.latency_costs
         else:
             cost = {u: float(c) for u, (c, _) in terms.items()}
-            allowed = budget.value * sum(c * n for c, n in terms.values())
+            allowed = budget.value * prunable_macs(terms)
         keep = search_cost(diag, cost, allowed, args.allow_empty_cross_attention)
     if not args.no_rearrange:
         keep = rearrange_all(keep, blocks)
@@ -160,7 +156,7 @@ def run_prune(args: argparse.Namespace) -> dict:
     masks.set({u: k.float() for u, k in keep.items()})
     errors = tune(model, masks, batches) if not args.no_tune else {}
     report = export(state, model, masks, keep, args.out, args.force)
-    kept_macs = sum(terms[u][0] * int(k.sum()) for u, k in keep.items())
+    kept_macs = prunable_macs(terms, {u: int(k.sum()) for u, k in keep.items()})
     full = total_macs(constant, terms)
     report.update(
         seconds=time.perf_counter() - start,

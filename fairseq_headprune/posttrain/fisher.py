@@ -16,9 +16,9 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from fairseq_headprune.bench import Unit
 from fairseq_headprune.errors import HeadpruneError
 from fairseq_headprune.posttrain.masks import Masks
+from fairseq_headprune.sites import Unit
 
 logger = logging.getLogger(__name__)
 

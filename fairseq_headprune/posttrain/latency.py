@@ -20,12 +20,17 @@ import time
 
 from torch import nn
 
-from fairseq_headprune.bench import Unit, decode_steps
-from fairseq_headprune.gated_transformer import attention_modules
-from fairseq_headprune.posttrain.masks import ffn_layers
+from fairseq_headprune.bench import decode_steps
 from fairseq_headprune.pruning import resize_attention, resize_ffn
-
-KINDS = ("enc-self", "dec-self", "dec-enc", "enc-ffn", "dec-ffn")
+from fairseq_headprune.sites import (
+    FFN_SITES,
+    UNIT_SITES,
+    Unit,
+    attention_modules,
+    ffn_layers,
+    set_attention,
+    site_layers,
+)
 
 
 def timed(model: nn.Module, batch: dict, beam: int, steps: int, repeats: int) -> float:
@@ -44,7 +49,7 @@ def halved(model: nn.Module, kind: str) -> tuple[nn.Module, int]:
     and how many units that removed."""
     model = copy.deepcopy(model)
     removed = 0
-    if kind.endswith("ffn"):
+    if kind in FFN_SITES:
         for site, _, layer in ffn_layers(model):
             if site == kind:
                 width = layer.fc1.out_features
@@ -53,10 +58,9 @@ def halved(model: nn.Module, kind: str) -> tuple[nn.Module, int]:
         return model, removed
     for site, i, attn in attention_modules(model):
         if site == kind and attn.num_heads:
-            layer = (model.encoder if site == "enc-self" else model.decoder).layers[i]
-            name = "encoder_attn" if site == "dec-enc" else "self_attn"
-            removed += attn.num_heads - attn.num_heads // 2
-            setattr(layer, name, resize_attention(attn, attn.num_heads // 2))
+            kept = attn.num_heads // 2
+            removed += attn.num_heads - kept
+            set_attention(site_layers(model, site)[i], site, resize_attention(attn, kept))
     return model, removed
 
 
@@ -66,7 +70,7 @@ def latency_terms(
     """(full model's seconds, unexplained seconds, {unit: (seconds per head/neuron, count)})."""
     full = timed(model, batch, beam, steps, repeats)
     per_unit = {}
-    for kind in KINDS:
+    for kind in UNIT_SITES:
         smaller, removed = halved(model, kind)
         saved = full - timed(smaller, batch, beam, steps, repeats)
         per_unit[kind] = max(saved, 0.0) / max(removed, 1)

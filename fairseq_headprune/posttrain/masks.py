@@ -8,39 +8,17 @@ put a mask variable, initially 1, on each head's output and on each FFN neuron. 
   ``gated_transformer`` trained with them) keeps their deterministic values as a fixed factor;
 - a neuron's mask multiplies the input of ``fc2`` (a forward pre-hook): Σ_j m_j·act_j·W2[:, j].
 
-Units are keyed ``(site, layer)``: sites ``enc-self``, ``dec-self``, ``dec-enc`` (heads) and
-``enc-ffn``, ``dec-ffn`` (neurons), the keys of ``bench.mac_terms``.
+Units are keyed ``(site, layer)`` (``sites.Unit``): sites ``enc-self``, ``dec-self``,
+``dec-enc`` (heads) and ``enc-ffn``, ``dec-ffn`` (neurons), the keys of ``macs.mac_terms``.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-
 import torch
 from torch import Tensor, nn
 
-from fairseq_headprune.bench import Unit
 from fairseq_headprune.gated_attention import install_head_gate
-from fairseq_headprune.gated_transformer import attention_modules
-
-HEAD_SITES = ("enc-self", "dec-self", "dec-enc")
-
-
-def ffn_layers(model: nn.Module) -> Iterator[tuple[str, int, nn.Module]]:
-    """Yield ``(site, layer index, layer)`` for the FFN of every encoder and decoder layer."""
-    for i, layer in enumerate(model.encoder.layers):
-        yield "enc-ffn", i, layer
-    for i, layer in enumerate(model.decoder.layers):
-        yield "dec-ffn", i, layer
-
-
-def module_prefix(model: nn.Module, unit: Unit) -> str:
-    """The state-dict prefix of a unit's module: its attention, or its layer for an FFN."""
-    site, i = unit
-    side = "encoder" if site.startswith("enc") else "decoder"
-    if site.endswith("ffn"):
-        return f"{side}.layers.{i}"
-    return f"{side}.layers.{i}.{'encoder_attn' if site == 'dec-enc' else 'self_attn'}"
+from fairseq_headprune.sites import Unit, attention_modules, ffn_layers
 
 
 class Masks:

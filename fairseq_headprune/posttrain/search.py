@@ -5,7 +5,7 @@ Kwon et al. 2022 ("A Fast Post-Training Pruning Framework for Transformers"):
 - §4.1 mask search: with heads and neurons each sorted by importance (diagonal Fisher), try
   every number of kept heads, fill what the budget leaves with the best neurons, and keep the
   combination whose pruned units have the least importance. Costs here come from the plugin's
-  multiply-add model (``bench.mac_terms``), which gives heads and neurons of different layers
+  multiply-add model (``macs.mac_terms``), which gives heads and neurons of different layers
   different costs (an encoder neuron runs once per source position, a decoder neuron once per
   step and hypothesis), so units are ranked by importance per multiply-add — Kwon's order
   whenever the costs within heads and within neurons are equal;
@@ -23,9 +23,8 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from fairseq_headprune.bench import Unit
 from fairseq_headprune.errors import HeadpruneError
-from fairseq_headprune.posttrain.masks import HEAD_SITES
+from fairseq_headprune.sites import DEC_ENC, FFN_SITES, SITES, Unit
 
 KINDS = ("macs", "heads", "latency")
 
@@ -64,7 +63,7 @@ def _forced(importance: dict[Unit, Tensor], allow_empty_cross: bool) -> set[tupl
     """The most important head of every decoder–encoder attention layer (unless allowed)."""
     if allow_empty_cross:
         return set()
-    return {(u, int(t.argmax())) for u, t in importance.items() if u[0] == "dec-enc"}
+    return {(u, int(t.argmax())) for u, t in importance.items() if u[0] == DEC_ENC}
 
 
 def _to_masks(importance: dict[Unit, Tensor], kept: set[tuple[Unit, int]]) -> dict[Unit, Tensor]:
@@ -78,7 +77,7 @@ def search_heads(
     importance: dict[Unit, Tensor], k: int, allow_empty_cross: bool = False
 ) -> dict[Unit, Tensor]:
     """Keep the ``k`` most important heads (all neurons)."""
-    heads = _flat(importance, HEAD_SITES)
+    heads = _flat(importance, SITES)
     forced = _forced(importance, allow_empty_cross)
     if not len(forced) <= k <= len(heads):
         raise HeadpruneError(
@@ -88,7 +87,7 @@ def search_heads(
         )
     order = sorted(heads, key=lambda h: ((h[0], h[1]) not in forced, -h[2]))
     kept = {(u, j) for u, j, _ in order[:k]}
-    kept |= {(u, j) for u, j, _ in _flat(importance, ("enc-ffn", "dec-ffn"))}
+    kept |= {(u, j) for u, j, _ in _flat(importance, FFN_SITES)}
     return _to_masks(importance, kept)
 
 
@@ -112,8 +111,8 @@ def search_cost(
         zero = torch.zeros(1, dtype=torch.float64)
         return units, torch.cat([zero, c.cumsum(0)]), torch.cat([zero, imp.cumsum(0)])
 
-    heads, head_cost, head_imp = ranked(HEAD_SITES, frozenset(forced))
-    neurons, neuron_cost, neuron_imp = ranked(("enc-ffn", "dec-ffn"))
+    heads, head_cost, head_imp = ranked(SITES, frozenset(forced))
+    neurons, neuron_cost, neuron_imp = ranked(FFN_SITES)
     if head_cost[len(forced)] > budget * (1 + 1e-9):
         raise HeadpruneError(
             "--budget: too small: the one head kept in each decoder–encoder attention layer "

@@ -17,9 +17,18 @@ import logging
 import torch
 from torch import Tensor, nn
 
-from fairseq_headprune.bench import Unit
-from fairseq_headprune.gated_transformer import attention_modules
-from fairseq_headprune.posttrain.masks import Masks, ffn_layers
+from fairseq_headprune.posttrain.masks import Masks
+from fairseq_headprune.sites import (
+    DEC_ENC,
+    DEC_FFN,
+    DEC_SELF,
+    ENC_FFN,
+    ENC_SELF,
+    FFN_SITES,
+    Unit,
+    attention_modules,
+    ffn_layers,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -34,15 +43,15 @@ class _Stop(Exception):
 def tuning_order(model: nn.Module) -> list[Unit]:
     order: list[Unit] = []
     for i in range(len(model.encoder.layers)):
-        order += [("enc-self", i), ("enc-ffn", i)]
+        order += [(ENC_SELF, i), (ENC_FFN, i)]
     for i in range(len(model.decoder.layers)):
-        order += [("dec-self", i), ("dec-enc", i), ("dec-ffn", i)]
+        order += [(DEC_SELF, i), (DEC_ENC, i), (DEC_FFN, i)]
     return order
 
 
 def _modules(model: nn.Module, unit: Unit) -> tuple[nn.Module, nn.Module]:
     """(the unit's projection: out_proj or fc2, the attention module or layer)."""
-    if unit[0].endswith("ffn"):
+    if unit[0] in FFN_SITES:
         layer = next(layer for s, i, layer in ffn_layers(model) if (s, i) == unit)
         return layer.fc2, layer
     attn = next(a for s, i, a in attention_modules(model) if (s, i) == unit)
@@ -69,7 +78,7 @@ def capture(model, masks: Masks, unit: Unit, batch: dict, teacher: bool) -> dict
         masks.set(masks.ones())
     else:
         masks.set({unit: (saved[unit] != 0).float()})
-    if unit[0].endswith("ffn"):
+    if unit[0] in FFN_SITES:
         pre = proj.register_forward_pre_hook(lambda m, inp: got.__setitem__("x", inp[0]))
     else:
         owner.head_gate.observer = lambda heads, gate: got.__setitem__("heads", heads)
@@ -101,7 +110,7 @@ def gram_terms(model, masks: Masks, unit: Unit, got: dict, keep: Tensor, real: T
     projection output at every real position (``t``: (N, E) targets at those positions)."""
     proj, _ = _modules(model, unit)
     w = proj.weight.detach().double()  # (E, units·d)
-    if unit[0].endswith("ffn"):  # share_j = act_j·W2[:, j]: factor through W2 (no (N, k, E))
+    if unit[0] in FFN_SITES:  # share_j = act_j·W2[:, j]: factor through W2 (no (N, k, E))
         x = got["x"].reshape(-1, got["x"].shape[-1])[real][:, keep].double()  # (N, k)
         w_k = w[:, keep]  # (E, k)
         return (x.t() @ x) * (w_k.t() @ w_k), ((t @ w_k) * x).sum(0)

@@ -26,9 +26,10 @@ import torch
 from torch import Tensor
 
 from fairseq_headprune.scoring.base import CapturedBatch, PassScorer, Scores, ScoringModel
+from fairseq_headprune.sites import DEC_ENC, DEC_SELF, ENC_SELF
 
 MAX_OFFSET = 128
-SELF_SITES = ("enc-self", "dec-self")
+SELF_SITES = (ENC_SELF, DEC_SELF)
 
 
 def least_frequent_position(tokens: Tensor, counts: Tensor, nspecial: int) -> Tensor:
@@ -64,9 +65,9 @@ class AttentionStats(PassScorer):
     def for_model(cls, sm: ScoringModel) -> AttentionStats:
         src, tgt = sm.task.source_dictionary, sm.task.target_dictionary
         counts = {
-            "enc-self": torch.tensor(src.count),
-            "dec-enc": torch.tensor(src.count),
-            "dec-self": torch.tensor(tgt.count),
+            ENC_SELF: torch.tensor(src.count),
+            DEC_ENC: torch.tensor(src.count),
+            DEC_SELF: torch.tensor(tgt.count),
         }
         shapes = {s: sm.shape(s) for s in sm.sites}
         return cls(shapes, sm.pad, sm.eos, counts, src.nspecial)
@@ -90,7 +91,7 @@ class AttentionStats(PassScorer):
             self.hist[site][layer] += onehot.sum(1).float()  # (H, offsets)
         rare = least_frequent_position(ktok, self.counts[site], self.nspecial)  # (B,)
         seen = qmask
-        if site == "dec-self":  # causal: queries before the rare token cannot attend to it
+        if site == DEC_SELF:  # causal: queries before the rare token cannot attend to it
             seen = qmask & (pos[None, :] >= rare[:, None])  # (B, T)
         hits = arg.eq(rare[None, :, None])  # (H, B, T)
         self.rare_hits[site][layer] += hits[:, seen].sum(-1).float()

@@ -27,8 +27,16 @@ from tqdm import tqdm
 
 from fairseq_headprune.checkpoint_io import load_split
 from fairseq_headprune.gated_attention import HeadGate, install_head_gate
-from fairseq_headprune.gated_transformer import SITES, attention_modules, layer_of, site_of
 from fairseq_headprune.pruning import parse_kept_heads, unprune_state_dict
+from fairseq_headprune.sites import (
+    DEC_ENC,
+    DEC_SELF,
+    ENC_SELF,
+    SITES,
+    attention_modules,
+    layer_of,
+    site_of,
+)
 
 SiteScores = dict[str, Tensor]  # attention type -> (layers, heads)
 Scores = dict[str, SiteScores]  # metric name -> SiteScores
@@ -232,8 +240,8 @@ class ScoringModel:
         """Fill the query/key token ids (B, T)/(B, S) of every site for ``batch``."""
         src = batch.sample["net_input"]["src_tokens"]  # (B, S)
         prev = batch.sample["net_input"]["prev_output_tokens"]  # (B, T)
-        batch.query_tokens = {"enc-self": src, "dec-self": prev, "dec-enc": prev}
-        batch.key_tokens = {"enc-self": src, "dec-self": prev, "dec-enc": src}
+        batch.query_tokens = {ENC_SELF: src, DEC_SELF: prev, DEC_ENC: prev}
+        batch.key_tokens = {ENC_SELF: src, DEC_SELF: prev, DEC_ENC: src}
 
 
 def _forward_with_head_weights(forward, batch: CapturedBatch, which: Key, /, *args, **kwargs):

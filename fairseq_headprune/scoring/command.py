@@ -20,7 +20,6 @@ from pathlib import Path
 
 import torch
 
-from fairseq_headprune.gated_transformer import parse_sites
 from fairseq_headprune.scoring.attention_stats import AttentionStats
 from fairseq_headprune.scoring.base import Batches, PassScorer, ScoringModel, run_pass
 from fairseq_headprune.scoring.importance import (
@@ -30,7 +29,12 @@ from fairseq_headprune.scoring.importance import (
     single_head_ablation,
 )
 from fairseq_headprune.scoring.lrp import LRPRelevance
-from fairseq_headprune.scoring.outputs import atomic_dir, head_records, write_outputs
+from fairseq_headprune.scoring.outputs import (
+    add_summaries,
+    atomic_dir,
+    head_records,
+    write_outputs,
+)
 from fairseq_headprune.scoring.similarity import HeadSimilarity
 from fairseq_headprune.scoring.syntax import (
     SyntaxAccuracy,
@@ -39,6 +43,7 @@ from fairseq_headprune.scoring.syntax import (
     read_conllu,
     source_words,
 )
+from fairseq_headprune.sites import ENC_SELF, parse_sites
 
 logger = logging.getLogger(__name__)
 
@@ -109,64 +114,16 @@ def score(args: argparse.Namespace) -> dict:
     logger.info("scoring %d sentences of %s: %s", batches.n_sentences, args.subset, metrics)
     scores: dict = {"gate": sm.base}
     report: dict = {"syntax": None, "similarity": None, "ablation": None}
-    scorers: list[PassScorer] = []
-    if {"confidence", "entropy", "positional", "rare"} & set(metrics):
-        scorers.append(AttentionStats.for_model(sm))
-    if "syntax" in metrics:
-        trees, word_of, skipped, source = align_trees(args, batches, task)
-        scorers.append(SyntaxAccuracy(trees, word_of))
-        report["syntax"] = {"trees": source, "matched": len(trees), "skipped": skipped}
-    for name, cls in (("importance", GradientImportance), ("norm", OutputNorm)):
-        if name in metrics:
-            scorers.append(cls())
-    if "similarity" in metrics:
-        scorers.append(HeadSimilarity())
-    if scorers:
-        with _phase("one pass: " + ", ".join(type(s).__name__ for s in scorers)):
-            run_pass(sm, batches, scorers)
-        for scorer in scorers:
-            result = scorer.result()
-            if isinstance(scorer, (AttentionStats, SyntaxAccuracy)):
-                _blank_removed(result, sm.removed)
-            scores.update(result)
+    scores.update(_one_pass_scores(args, sm, task, batches, metrics, report))
     if "lrp" in metrics:
         with _phase("LRP relevance"):
             scores.update(LRPRelevance()(sm, batches))
     if "ablation" in metrics or "curve" in metrics:
-        with _phase("single-head ablation" if "ablation" in metrics else "base loss"):
-            base_loss, delta = (
-                single_head_ablation(sm, batches)
-                if "ablation" in metrics
-                else (sm.mean_loss(batches), None)
-            )
-        if delta is not None:
-            scores["ablation_delta_loss"] = delta
-        curve = None
-        if "curve" in metrics:
-            with _phase("greedy ablation curve"):
-                curve = ablation_curve(sm, batches, args.ablation_step)
-        report["ablation"] = {"base_loss": base_loss, "curve": curve}
+        report["ablation"] = _ablation(sm, batches, metrics, args.ablation_step, scores)
     _drop_unrequested(scores, metrics)
     dropped = set(sm.sites) - set(keep)  # attention types not reported (--sites)
     scores = {n: {k: v for k, v in per.items() if k not in dropped} for n, per in scores.items()}
-    if report["syntax"] is not None:
-        report["syntax"]["baselines"] = {
-            k[len("baseline_") :]: {
-                "accuracy": float(v["enc-self"]),
-                "offset": int(v["offset"]),
-                "events": int(v["events"]),
-            }
-            for k, v in scores.items()
-            if k.startswith("baseline_")
-        }
-    if "similarity_cosine" in scores:
-        report["similarity"] = {
-            s: {
-                "cosine": scores["similarity_cosine"][s].tolist(),
-                "cka": scores["similarity_cka"][s].tolist(),
-            }
-            for s in scores["similarity_cosine"]
-        }
+    add_summaries(scores, report)
     thresholds = {
         "positional": args.positional_threshold,
         "syntactic_margin": args.syntactic_margin,
@@ -190,6 +147,51 @@ def score(args: argparse.Namespace) -> dict:
     return {"report": report, "scores": scores}
 
 
+def _one_pass_scores(
+    args: argparse.Namespace, sm: ScoringModel, task, batches: Batches, metrics, report: dict
+) -> dict:
+    """The metrics that one teacher-forced pass gives together (``report["syntax"]`` set)."""
+    scorers: list[PassScorer] = []
+    if {"confidence", "entropy", "positional", "rare"} & set(metrics):
+        scorers.append(AttentionStats.for_model(sm))
+    if "syntax" in metrics:
+        trees, word_of, skipped, source = align_trees(args, batches, task)
+        scorers.append(SyntaxAccuracy(trees, word_of))
+        report["syntax"] = {"trees": source, "matched": len(trees), "skipped": skipped}
+    for name, cls in (("importance", GradientImportance), ("norm", OutputNorm)):
+        if name in metrics:
+            scorers.append(cls())
+    if "similarity" in metrics:
+        scorers.append(HeadSimilarity())
+    scores: dict = {}
+    if scorers:
+        with _phase("one pass: " + ", ".join(type(s).__name__ for s in scorers)):
+            run_pass(sm, batches, scorers)
+        for scorer in scorers:
+            result = scorer.result()
+            if isinstance(scorer, (AttentionStats, SyntaxAccuracy)):
+                _blank_removed(result, sm.removed)
+            scores.update(result)
+    return scores
+
+
+def _ablation(sm: ScoringModel, batches: Batches, metrics, step: int, scores: dict) -> dict:
+    """Single-head ablation (into ``scores``) and the greedy ablation curve, as requested."""
+    with _phase("single-head ablation" if "ablation" in metrics else "base loss"):
+        base_loss, delta = (
+            single_head_ablation(sm, batches)
+            if "ablation" in metrics
+            else (sm.mean_loss(batches), None)
+        )
+    if delta is not None:
+        scores["ablation_delta_loss"] = delta
+    curve = None
+    if "curve" in metrics:
+        with _phase("greedy ablation curve"):
+            curve = ablation_curve(sm, batches, step)
+    return {"base_loss": base_loss, "curve": curve}
+
+
 def report_sites(value: str | None, model_sites: list[str], syntax: bool) -> list[str]:
     """``--sites``: the attention types whose heads are reported (default: all the model has).
 
@@ -202,7 +204,7 @@ def report_sites(value: str | None, model_sites: list[str], syntax: bool) -> lis
     missing = [s for s in keep if s not in model_sites]
     if not keep or missing:
         raise ValueError(f"--sites: {value!r}; this model has {model_sites}")
-    if syntax and "enc-self" not in keep:
+    if syntax and ENC_SELF not in keep:
         raise ValueError("--sites: syntax scores encoder self-attention; include enc-self")
     return keep
 

@@ -11,9 +11,11 @@ Michel et al. 2019 ("Are Sixteen Heads Really Better than One?", NeurIPS 2019):
 - **single-head ablation**: Δ mean validation NLL when that head's gate is set to 0 (each
   batch's computation before the head's layer is done once and replayed for the heads that
   cannot change it);
-- **greedy ablation curve** (Michel et al.'s iterative pruning, §4): repeatedly recompute the
-  importance under the current mask, remove the ``step`` least important remaining heads
-  (all attention types ranked together by per-layer-normalised importance) and re-evaluate.
+- **iterative pruning** (Michel et al.'s §4, :func:`iterative_pruning`): repeatedly recompute
+  the importance under the current mask, remove the ``step`` least important remaining heads
+  (ranked by per-layer-normalised importance) and re-evaluate. The **greedy ablation curve**
+  ranks all attention types together down to no head; ``recipes.study.controls michel``
+  ranks each budgeted type apart down to its budget.
 """
 
 from __future__ import annotations
@@ -21,7 +23,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import itertools
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import Any
 
 import torch
@@ -34,6 +36,7 @@ from fairseq_headprune.scoring.base import (
     SiteScores,
     run_pass,
 )
+from fairseq_headprune.sites import ENC_SELF
 
 
 def normalize_per_layer(scores: SiteScores, eps: float = 1e-20) -> SiteScores:
@@ -118,7 +121,7 @@ def single_head_ablation(sm: ScoringModel, batches: Iterable[dict]) -> tuple[flo
                 loss, ntok = sm.nll(sample)
             base_total, ntokens = base_total + float(loss), ntokens + ntok
             for site, layer, head in heads:
-                if site == "enc-self":
+                if site == ENC_SELF:
                     replayed = enc_layers[:layer]
                 else:
                     replayed = [model.encoder, *dec_layers[:layer]]
@@ -178,29 +181,68 @@ def _patched_forward(
                 m.forward = forward
 
 
-def ablation_curve(sm: ScoringModel, batches: Iterable[dict], step: int = 0) -> list[dict]:
-    """Greedy pruning curve: rows {removed, loss, heads: [[site, layer, head], ...]}.
+# (attention type, layer, head)
+Head = tuple[str, int, int]
 
-    ``step`` heads are removed at a time (0: about 10 % of the heads); heads already closed
-    in the model are never counted as removed.
+
+def iterative_pruning(
+    sm: ScoringModel,
+    batches: Iterable[dict],
+    groups: Sequence[tuple[list[Head], int, int]],
+    on_step: Callable[[dict], None] | None = None,
+) -> tuple[SiteScores, list[dict]]:
+    """Michel et al.'s iterative pruning (§4): the gates left, and rows {removed, loss}.
+
+    ``groups``: (heads, step, keep) — heads ranked together, how many are removed per step
+    and how many are kept in the end. Each step recomputes the per-layer-normalised
+    importance under the current gates and removes, in every group, the ``step`` least
+    important remaining heads (fewer if ``keep`` would be passed), until every group is down
+    to ``keep``. Row 0 is the starting loss; row i lists the heads removed at step i and the
+    mean NLL after it (also passed to ``on_step``). No retraining between steps.
     """
     values = {s: v.clone() for s, v in sm.base.items()}
-    alive = [(s, i, h) for s, v in values.items() for i, h in (v > 0).nonzero().tolist()]
-    step = step or max(1, round(len(alive) / 10))
-    rows = [{"removed": 0, "loss": sm.mean_loss(batches, values), "heads": []}]
-    while alive:
+    alive = [list(heads) for heads, _, _ in groups]
+    rows = [{"removed": [], "loss": sm.mean_loss(batches, values)}]
+    while any(len(heads) > keep for heads, (_, _, keep) in zip(alive, groups)):
         scorer = GradientImportance()
         run_pass(sm, batches, [scorer], gates=values)
         importance = scorer.result()["importance"]
-        alive.sort(key=lambda k: float(importance[k[0]][k[1], k[2]]))
-        removed, alive = alive[:step], alive[step:]
-        for site, layer, head in removed:
-            values[site][layer, head] = 0.0
+        removed = []
+        for g, (_, step, keep) in enumerate(groups):
+            n = min(step, len(alive[g]) - keep)
+            if n <= 0:
+                continue
+            alive[g].sort(key=lambda k: float(importance[k[0]][k[1], k[2]]))
+            for site, layer, head in alive[g][:n]:
+                values[site][layer, head] = 0.0
+            removed += alive[g][:n]
+            alive[g] = alive[g][n:]
+        rows.append({"removed": removed, "loss": sm.mean_loss(batches, values)})
+        if on_step is not None:
+            on_step(rows[-1])
+    return values, rows
+
+
+def open_heads(gates: SiteScores, sites: Iterable[str] | None = None) -> list[Head]:
+    """The heads whose gate is > 0, of ``sites`` (default: all), in type, layer, head order."""
+    names = gates if sites is None else sites
+    return [(s, i, h) for s in names for i, h in (gates[s] > 0).nonzero().tolist()]
+
+
+def ablation_curve(sm: ScoringModel, batches: Iterable[dict], step: int = 0) -> list[dict]:
+    """Greedy pruning curve: rows {removed, loss, heads: [[site, layer, head], ...]}.
+
+    :func:`iterative_pruning` of all attention types ranked together, down to no head;
+    ``step`` heads are removed at a time (0: about 10 % of the heads); heads already closed
+    in the model are never counted as removed.
+    """
+    alive = open_heads(sm.base)
+    step = step or max(1, round(len(alive) / 10))
+    _, steps = iterative_pruning(sm, batches, [(alive, step, 0)])
+    rows, removed = [], 0
+    for row in steps:
+        removed += len(row["removed"])
         rows.append(
-            {
-                "removed": rows[-1]["removed"] + len(removed),
-                "loss": sm.mean_loss(batches, values),
-                "heads": [list(k) for k in removed],
-            }
+            {"removed": removed, "loss": row["loss"], "heads": [list(k) for k in row["removed"]]}
         )
     return rows

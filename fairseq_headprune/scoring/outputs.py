@@ -21,6 +21,8 @@ from pathlib import Path
 
 import torch
 
+from fairseq_headprune.sites import ENC_SELF
+
 SCHEMA_PATH = Path(__file__).with_name("heads.schema.json")
 HEAD_FIELDS = (
     "gate", "lrp", "lrp_raw", "confidence", "entropy", "positional_offset",
@@ -28,6 +30,28 @@ HEAD_FIELDS = (
     "ablation_delta_loss",
 )  # fmt: skip
 HEATMAP_FIELDS = tuple(f for f in HEAD_FIELDS if f not in ("gate", "lrp_raw", "importance_raw"))
+
+
+def add_summaries(scores: dict, report: dict) -> None:
+    """The syntax baselines and the similarity matrices of ``scores``, into ``report``."""
+    if report["syntax"] is not None:
+        report["syntax"]["baselines"] = {
+            k[len("baseline_") :]: {
+                "accuracy": float(v[ENC_SELF]),
+                "offset": int(v["offset"]),
+                "events": int(v["events"]),
+            }
+            for k, v in scores.items()
+            if k.startswith("baseline_")
+        }
+    if "similarity_cosine" in scores:
+        report["similarity"] = {
+            s: {
+                "cosine": scores["similarity_cosine"][s].tolist(),
+                "cka": scores["similarity_cka"][s].tolist(),
+            }
+            for s in scores["similarity_cosine"]
+        }
 
 
 def _num(x) -> float | None:
@@ -62,7 +86,7 @@ def head_records(scores: dict, shapes: dict, thresholds: dict) -> list[dict]:
                 rec["syntactic"] = [
                     n
                     for n, acc in syn.items()
-                    if acc >= float(baselines[n]["enc-self"]) + thresholds["syntactic_margin"]
+                    if acc >= float(baselines[n][ENC_SELF]) + thresholds["syntactic_margin"]
                 ]
                 records.append(rec)
     return records

@@ -28,6 +28,7 @@ import torch
 from torch import Tensor
 
 from fairseq_headprune.scoring.base import CapturedBatch, PassScorer, Scores, ScoringModel
+from fairseq_headprune.sites import ENC_SELF
 
 RELATIONS = ("nsubj", "obj", "amod", "advmod")
 DIRECTIONS = ("dep2head", "head2dep")
@@ -158,11 +159,11 @@ class SyntaxAccuracy(PassScorer):
         self.offsets: dict[tuple[str, str], Counter] = {}
 
     def update(self, sm: ScoringModel | None, batch: CapturedBatch) -> None:
-        layers = sorted(k[1] for k in batch.weights if k[0] == "enc-self")
+        layers = sorted(k[1] for k in batch.weights if k[0] == ENC_SELF)
         if not layers:
             return
-        w = torch.stack([batch.weights["enc-self", i] for i in layers]).float()  # (L,H,B,S,S)
-        src = batch.query_tokens["enc-self"]  # (B, S)
+        w = torch.stack([batch.weights[ENC_SELF, i] for i in layers]).float()  # (L,H,B,S,S)
+        src = batch.query_tokens[ENC_SELF]  # (B, S)
         for b, sid in enumerate(batch.sample["id"].tolist()):
             if sid not in self.trees:
                 continue
@@ -207,10 +208,10 @@ class SyntaxAccuracy(PassScorer):
                 n = self.n[key]
                 if n == 0:
                     continue
-                out[f"syntax_{name}"] = {"enc-self": self.hits[key] / n}
+                out[f"syntax_{name}"] = {ENC_SELF: self.hits[key] / n}
                 best = self.offsets[key].most_common(1)[0]
                 out[f"baseline_{name}"] = {
-                    "enc-self": torch.tensor(min(best[1] / n, 1.0)),
+                    ENC_SELF: torch.tensor(min(best[1] / n, 1.0)),
                     "offset": torch.tensor(best[0]),
                     "events": torch.tensor(n),
                 }

@@ -15,7 +15,9 @@ Subcommands (each writes JSON that ``fairseq-headprune export --mask`` reads):
   importance pruning: compute the gradient importance of every head (normalised per layer)
   under the current mask, remove the ``--step`` least important remaining heads of each
   budgeted type (default: 10 % of its heads), recompute, until the budget is reached. Heads are
-  masked through the scorer's fixed gates (no retraining between steps, as in the paper).
+  masked through the scorer's fixed gates (no retraining between steps, as in the paper), by
+  ``fairseq_headprune.scoring.importance.iterative_pruning``, which also draws the scorer's
+  greedy ablation curve.
   The steps (heads removed, mean validation NLL) go to ``MASK`` next to the mask, under
   ``"steps"``.
 - ``record --eval-dir DIR --method M --checkpoint CKPT --kept HEADS_JSON [--seed S]
@@ -33,22 +35,15 @@ import math
 import sys
 from pathlib import Path
 
-SITES = ("enc-self", "dec-self", "dec-enc")
-
-
-def full_layout(baseline: str) -> dict[str, tuple[int, int]]:
-    """Attention type → (layers, heads per layer) of a stock-shaped checkpoint."""
-    from fairseq_headprune.checkpoint_io import load_checkpoint, model_args
-
-    args = model_args(load_checkpoint(baseline))
-    enc = (args.encoder_layers, args.encoder_attention_heads)
-    dec = (args.decoder_layers, args.decoder_attention_heads)
-    return {"enc-self": enc, "dec-self": dec, "dec-enc": dec}
+from fairseq_headprune.sites import ENC_SELF, SITES
 
 
 def head_totals(checkpoint: str) -> dict[str, int]:
     """Attention type → number of heads of the full (unpruned) model."""
-    return {s: n_layers * n_heads for s, (n_layers, n_heads) in full_layout(checkpoint).items()}
+    from fairseq_headprune.checkpoint_io import head_layout, load_checkpoint
+
+    layout = head_layout(load_checkpoint(checkpoint))
+    return {s: n_layers * n_heads for s, (n_layers, n_heads) in layout.items()}
 
 
 def parse_budget(spec: str) -> dict[str, int]:
@@ -64,7 +59,7 @@ def parse_budget(spec: str) -> dict[str, int]:
 def cmd_budget(args: argparse.Namespace) -> None:
     totals = head_totals(args.baseline)
     if args.spec is not None:
-        spec = args.spec if ":" in args.spec else f"enc-self:{args.spec}"
+        spec = args.spec if ":" in args.spec else f"{ENC_SELF}:{args.spec}"
         try:
             counts = parse_budget(spec)
         except ValueError as err:
@@ -76,8 +71,8 @@ def cmd_budget(args: argparse.Namespace) -> None:
         kept = json.loads(Path(args.kept).read_text())
         counts = {s: sum(map(len, rows)) for s, rows in kept.items()}
     pruned = [s for s in SITES if s in counts and counts[s] < totals[s]]
-    sites = ["enc-self"] + [s for s in pruned if s != "enc-self"]
-    tag = f"k{counts.get('enc-self', totals['enc-self'])}"
+    sites = [ENC_SELF] + [s for s in pruned if s != ENC_SELF]
+    tag = f"k{counts.get(ENC_SELF, totals[ENC_SELF])}"
     tag += "".join(f"-{s}{counts[s]}" for s in sites[1:])
     print(tag)
     print(",".join(f"{s}:{counts.get(s, totals[s])}" for s in sites))
@@ -101,38 +96,26 @@ def cmd_topk(args: argparse.Namespace) -> None:
 def cmd_michel(args: argparse.Namespace) -> None:
     import torch
 
-    from fairseq_headprune.scoring.base import Batches, ScoringModel, run_pass
+    from fairseq_headprune.scoring.base import Batches, ScoringModel
     from fairseq_headprune.scoring.command import load
-    from fairseq_headprune.scoring.importance import GradientImportance
+    from fairseq_headprune.scoring.importance import iterative_pruning, open_heads
 
     torch.manual_seed(args.seed)
     model, task = load(args.data, args.path)
     sm = ScoringModel(model, task)
     batches = Batches(task, args.subset, args.max_sentences, args.batch_size, progress=None)
     budget = parse_budget(args.budget)
-    values = {s: v.clone() for s, v in sm.base.items()}
-    alive = {s: [tuple(x) for x in (values[s] > 0).nonzero().tolist()] for s in budget}
-    step = {
-        s: args.step or max(1, math.ceil(values[s].numel() / 10)) for s in budget
-    }  # Michel et al.: 10 % of the heads per step
-    steps = [{"removed": [], "loss": sm.mean_loss(batches, values)}]
-    while any(len(alive[s]) > budget[s] for s in budget):
-        scorer = GradientImportance()
-        run_pass(sm, batches, [scorer], gates=values)
-        importance = scorer.result()["importance"]
-        removed = []
-        for s in budget:
-            n = min(step[s], len(alive[s]) - budget[s])
-            if n <= 0:
-                continue
-            alive[s].sort(key=lambda lh, s=s: float(importance[s][lh[0], lh[1]]))
-            for layer, head in alive[s][:n]:
-                values[s][layer, head] = 0.0
-                removed.append([s, layer, head])
-            alive[s] = alive[s][n:]
-        loss = sm.mean_loss(batches, values)
-        steps.append({"removed": removed, "loss": loss})
-        print(f"michel: removed {len(removed)} heads, mean valid NLL {loss:.4f}", file=sys.stderr)
+    # each budgeted type ranked apart; Michel et al.: 10 % of its heads per step
+    groups = [
+        (open_heads(sm.base, [s]), args.step or max(1, math.ceil(sm.base[s].numel() / 10)), k)
+        for s, k in budget.items()
+    ]
+
+    def report(row: dict) -> None:
+        n, loss = len(row["removed"]), row["loss"]
+        print(f"michel: removed {n} heads, mean valid NLL {loss:.4f}", file=sys.stderr)
+
+    values, steps = iterative_pruning(sm, batches, groups, on_step=report)
     mask = {
         s: [[h for h in range(values[s].shape[1]) if values[s][i, h] > 0] for i in range(len(v))]
         for s, v in values.items()

@@ -27,10 +27,9 @@ closed: Voita et al. find that the heads pruned last are the most relevant and c
 ones, and the specialised (positional, syntactic) ones. Heads that closed between the same
 two snapshots are ordered by their P(open) in the snapshot before (the lower, the earlier).
 
-The trajectory format has one home, its writer ``fairseq_headprune/l0_criterion.py``
-(``TRAJECTORY_FILE``): one JSON line per snapshot, ``{"num_updates": U, "sites": {type:
-{"prob_open": [[p per head] per layer], "gate": [[g per head] per layer], ...}}}``, the
-tables of ``gated_transformer.gate_summary``. This module only reads it.
+The trajectory format (one JSON line per snapshot, the tables of ``gate_summary``) has one
+home, ``fairseq_headprune/gate_trajectory.py``, with its writer (used by the L0 criterion) and
+its reader (:func:`read_records`, used here).
 """
 
 from __future__ import annotations
@@ -40,7 +39,8 @@ import json
 from pathlib import Path
 
 from fairseq_headprune.checkpoint_io import load_checkpoint
-from fairseq_headprune.l0_criterion import TRAJECTORY_FILE
+from fairseq_headprune.errors import HeadpruneError
+from fairseq_headprune.gate_trajectory import TRAJECTORY_FILE, read_records
 
 # heads.json fields correlated with the closing update by default (``--metrics``, the report)
 CLOSING_METRICS = ("lrp", "confidence", "positional_fraction")
@@ -58,16 +58,10 @@ def snapshots_from_log(path: Path) -> dict[int, tuple[str, dict]]:
 
     A resumed run writes the updates after its checkpoint again: the last line wins.
     """
-    snapshots = {}
-    for i, line in enumerate(path.read_text().splitlines(), 1):
-        if not line.strip():
-            continue
-        try:
-            record = json.loads(line)
-            snapshots[int(record["num_updates"])] = (f"{path.name}:{i}", {"sites": record["sites"]})
-        except (ValueError, KeyError) as e:
-            raise SystemExit(f"error: {path} line {i} is not a gate record: {e}") from e
-    return snapshots
+    try:
+        return read_records(path)
+    except HeadpruneError as e:
+        raise SystemExit(f"error: {e}") from e
 
 
 def checkpoint_snapshot(path: Path) -> tuple[int, dict]:
