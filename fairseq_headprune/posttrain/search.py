@@ -123,7 +123,11 @@ def search_cost(
         left = budget - float(head_cost[n])
         if left < -1e-9 * budget:
             break
-        k = int(torch.searchsorted(neuron_cost, torch.tensor([left + 1e-9 * budget]), right=True))
+        k = int(
+            torch.searchsorted(
+                neuron_cost, torch.tensor([left + 1e-9 * budget], dtype=torch.float64), right=True
+            )
+        )
         k = max(k - 1, 0)
         kept_importance = float(head_imp[n] + neuron_imp[k])
         if best is None or kept_importance > best[0]:

@@ -53,14 +53,18 @@ def checkpoint_info(path: Path, kept_heads: dict | None = None) -> dict:
     """Method, setting, kept heads per attention type ({site: [kept, total]}), gated types.
 
     ``kept_heads``: the heads the checkpoint's modules have (default: its ``kept_heads``)."""
-    from fairseq_headprune.checkpoint_io import gates_from_state, load_checkpoint, model_args
-    from fairseq_headprune.gated_transformer import layer_of, site_of
+    from fairseq_headprune.checkpoint_io import (
+        gates_from_state,
+        head_layout,
+        load_checkpoint,
+        model_args,
+    )
     from fairseq_headprune.pruning import parse_kept_heads
+    from fairseq_headprune.sites import layer_of, site_of
 
     state = load_checkpoint(path)
     args = model_args(state)
-    full = {"enc-self": (args.encoder_layers, args.encoder_attention_heads)}
-    full["dec-self"] = full["dec-enc"] = (args.decoder_layers, args.decoder_attention_heads)
+    full = head_layout(state)
     if kept_heads is None:
         kept_heads = parse_kept_heads(getattr(args, "kept_heads", None))
     kept = kept_heads
