@@ -195,3 +195,18 @@ def test_publish_refuses_an_evaluation_without_its_hypotheses(tmp_path):
     with pytest.raises(SystemExit, match="val.json has no val.hyp"):
         publish.main([str(tmp_path / "study"), str(folder)])
     assert not (tmp_path / "study").exists()
+
+
+def test_publish_gzips_large_json_records(tmp_path):
+    from recipes.study import publish
+
+    big = tmp_path / "prune.json"
+    big.write_text(json.dumps({"masks": [1.0] * 20_000}))
+    small = tmp_path / "bench.json"
+    small.write_text("{}")
+    dest = tmp_path / "dest"
+    dest.mkdir()
+    for f in (big, small):
+        publish.copy_record(f, dest)
+    assert sorted(p.name for p in dest.iterdir()) == ["bench.json", "prune.json.gz"]
+    assert gzip.decompress((dest / "prune.json.gz").read_bytes()) == big.read_bytes()

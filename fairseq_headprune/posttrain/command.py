@@ -152,14 +152,19 @@ def run_prune(args: argparse.Namespace) -> dict:
     constant, terms = mac_terms(model, src_len, tgt_len, args.beam)
     masks = Masks(model)
     terms = {u: t for u, t in terms.items() if u in masks.values}
+    stages = {"load and calibration data": time.perf_counter() - start}
     keep, latency = choose(args, task, model, masks, batches, terms)
+    stages["importance and search"] = time.perf_counter() - start - sum(stages.values())
     masks.set({u: k.float() for u, k in keep.items()})
     errors = tune(model, masks, batches) if not args.no_tune else {}
+    stages["mask tuning"] = time.perf_counter() - start - sum(stages.values())
     report = export(state, model, masks, keep, args.out, args.force)
+    stages["export"] = time.perf_counter() - start - sum(stages.values())
     kept_macs = prunable_macs(terms, {u: int(k.sum()) for u, k in keep.items()})
     full = total_macs(constant, terms)
     report.update(
         seconds=time.perf_counter() - start,
+        seconds_by_stage=stages,
         budget=args.budget,
         calibration_sentences=sum(b["nsentences"] for b in batches),
         lengths={"src": src_len, "tgt": tgt_len, "beam": args.beam},
@@ -193,7 +198,9 @@ def format_report(r: dict) -> str:
         f"{100 * m['unprunable'] / m['full']:.0f}% of the full model's, cap it at "
         f"{r['max_speedup']:.2f}x)",
         f"parameters: {r['params_before']:,} -> {r['params_after']:,}",
-        f"pruning time: {r['seconds']:.1f} s",
+        f"pruning time: {r['seconds']:.1f} s ("
+        + ", ".join(f"{k} {v:.1f} s" for k, v in r["seconds_by_stage"].items())
+        + ")",
         f"wrote {r['out']} and {r['out']}.heads.json",
     ]
     return "\n".join(lines)

@@ -8,9 +8,9 @@ For each evaluation folder (``recipes/evaluate.sh``'s ``$WORK_DIR/eval/NAME``) w
 ``STUDY/eval/NAME/``: the BLEU JSONs, ``model.json``, ``lenpen`` and the hypotheses gzipped
 (``<split>.hyp.gz``, which ``recipes.study.summary`` reads). When model.json names a
 ``run_dir``, that run's records (``*.json``, ``*.jsonl``, ``*.txt``; no checkpoints) go to
-``STUDY/SUBDIR/<run folder's name>/`` and model.json's ``run_dir`` is rewritten to point
-there. An evaluation that misses its hypotheses for a scored split is refused before anything
-is copied.
+``STUDY/SUBDIR/<run folder's name>/`` (a JSON record over 64 kB gzipped, ``<name>.gz``) and
+model.json's ``run_dir`` is rewritten to point there. An evaluation that misses its
+hypotheses for a scored split is refused before anything is copied.
 """
 
 from __future__ import annotations
@@ -23,6 +23,7 @@ import shutil
 from pathlib import Path
 
 RECORDS = ("*.json", "*.jsonl", "*.txt")
+GZIP_ABOVE = 64_000  # bytes
 
 
 def check(folder: Path) -> None:
@@ -34,6 +35,16 @@ def check(folder: Path) -> None:
         split = record.name[: -len(".json")]
         if not (folder / f"{split}.hyp").is_file() and not (folder / f"{split}.hyp.gz").is_file():
             raise SystemExit(f"error: {record} has no {split}.hyp next to it")
+
+
+def copy_record(f: Path, dest: Path) -> None:
+    """Copy one run record; a JSON file over ``GZIP_ABOVE`` bytes (prune.json with every mask
+    value) is written gzipped as ``<name>.gz``."""
+    data = f.read_bytes()
+    if f.suffix == ".json" and len(data) > GZIP_ABOVE:
+        (dest / f"{f.name}.gz").write_bytes(gzip.compress(data, mtime=0))
+    else:
+        (dest / f.name).write_bytes(data)
 
 
 def publish(folder: Path, study: Path, runs: str) -> Path:
@@ -54,7 +65,7 @@ def publish(folder: Path, study: Path, runs: str) -> Path:
             dest.mkdir(parents=True, exist_ok=True)
             for pattern in RECORDS:
                 for f in run.glob(pattern):
-                    shutil.copyfile(f, dest / f.name)
+                    copy_record(f, dest)
             record["run_dir"] = os.path.relpath(dest, out)
             record_file.write_text(json.dumps(record, indent=1) + "\n")
     return out

@@ -1,0 +1,50 @@
+"""Time of post-training pruning (Kwon et al. 2022, "A Fast Post-Training Pruning Framework for
+Transformers"), stage by stage, against the ten-minute goal for 2,000 calibration sentences.
+
+Runs ``fairseq-headprune prune``'s own code (``posttrain.command.run_prune``) on a checkpoint
+at each budget and prints the time of each stage (loading and calibration batches; Fisher
+importance, search and rearrangement; least-squares mask tuning; export) and the total.
+
+    python benchmarks/bench_posttrain.py DATA --path CKPT [--budgets macs:0.8 macs:0.6]
+        [--calibration-sentences 2000]
+"""
+
+from __future__ import annotations
+
+import argparse
+import tempfile
+from pathlib import Path
+
+import torch
+
+from fairseq_headprune.posttrain.command import add_prune_parser, run_prune
+
+GOAL_SECONDS = 600.0
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("data", help="fairseq-preprocess output with the calibration subset")
+    p.add_argument("--path", required=True, help="the checkpoint to prune")
+    p.add_argument("--budgets", nargs="+", default=["macs:0.8", "macs:0.6"])
+    p.add_argument("--calibration-sentences", type=int, default=2000)
+    args = p.parse_args()
+    prune = argparse.ArgumentParser()
+    add_prune_parser(prune.add_subparsers())
+    print(f"torch threads: {torch.get_num_threads()}")
+    with tempfile.TemporaryDirectory() as tmp:
+        for budget in args.budgets:
+            out = Path(tmp) / "pruned.pt"
+            flags = ["prune", args.data, "--path", args.path, "--budget", budget, "--force",
+                     "--calibration-sentences", str(args.calibration_sentences),
+                     "--out", str(out)]  # fmt: skip
+            torch.manual_seed(1)
+            report = run_prune(prune.parse_args(flags))
+            stages = ", ".join(f"{k} {v:.1f} s" for k, v in report["seconds_by_stage"].items())
+            total = report["seconds"]
+            print(f"{budget}: {report['calibration_sentences']} sentences, {total:.1f} s "
+                  f"({total / GOAL_SECONDS:.2f} of the 10-minute goal): {stages}")  # fmt: skip
+
+
+if __name__ == "__main__":
+    main()
