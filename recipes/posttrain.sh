@@ -10,9 +10,11 @@
 # each with its model.json (python -m recipes.study.posttrain record).
 #   FT_EPOCHS [0]  >0: fine-tune each pruned model that many epochs (recipes/finetune_pruned.sh,
 #                  everything trainable, LR [3e-4: the baseline's last learning rate], SEED [1])
-#                  into <run>/ft-s<SEED>, evaluated as posttrain+ft-<tag>-s<SEED>; the baseline is
-#                  fine-tuned the same way ($RUNS_DIR/full-ft<FT_EPOCHS>-s<SEED>, evaluated as
-#                  finetuned-<FT_EPOCHS>ep-s<SEED>), the fine-tuned models' fair reference.
+#                  into <run>/ft-s<SEED>, evaluated and benched (its own output lengths) as
+#                  posttrain+ft-<tag>-s<SEED>; the baseline is fine-tuned the same way
+#                  ($RUNS_DIR/full-ft<FT_EPOCHS>-s<SEED>, evaluated as
+#                  finetuned-<FT_EPOCHS>ep-s<SEED>),
+#                  the fine-tuned models' fair reference.
 #   RESULTS        a study folder in results/ (results/multi30k-en-de/study): copy every
 #                  evaluation and run record there (python -m recipes.study.publish) [unset]
 # Every step is skipped when its output exists, so the curve resumes where it stopped.
@@ -32,6 +34,18 @@ FT_EPOCHS="${FT_EPOCHS:-0}"
 SEED="${SEED:-1}"
 RESULTS="${RESULTS:-}"
 evals=()
+
+# bench CHECKPOINT FOLDER: speed against the full model, side by side (FOLDER/bench.{json,log})
+bench() {
+  if [[ ! -s "$2/bench.json" ]]; then
+    log "bench $1"
+    # shellcheck disable=SC2086
+    fairseq-headprune bench "$DATA_BIN" --full "$baseline" --pruned "$1" \
+      --batch-sizes $BENCH_BATCHES --max-sentences "$BENCH_SENTENCES" --repeats 2 \
+      --json-out "$2/bench.json" > "$2/bench.log" 2>&1
+  fi
+  grep -v '^INFO' "$2/bench.log" | sed "s|^|$(basename "$2"): |"
+}
 
 # finetune NAME RUN CHECKPOINT: fine-tune everything FT_EPOCHS epochs, then evaluate
 finetune() {
@@ -62,20 +76,15 @@ for budget in $BUDGETS; do
   fi
   grep -v '^INFO' "$run/prune.log" | sed "s/^/$tag: /"
   bash "$HERE/evaluate.sh" "posttrain-$tag" "$run/pruned.pt"
-  if [[ ! -s "$run/bench.json" ]]; then
-    log "bench $budget"
-    # shellcheck disable=SC2086
-    fairseq-headprune bench "$DATA_BIN" --full "$baseline" --pruned "$run/pruned.pt" \
-      --batch-sizes $BENCH_BATCHES --max-sentences "$BENCH_SENTENCES" --repeats 2 \
-      --json-out "$run/bench.json" > "$run/bench.log" 2>&1
-  fi
-  grep -v '^INFO' "$run/bench.log" | sed "s/^/$tag: /"
+  bench "$run/pruned.pt" "$run"
   study posttrain record --eval-dir "$WORK_DIR/eval/posttrain-$tag" --run "$run"
   evals+=("$WORK_DIR/eval/posttrain-$tag")
   if [[ "$FT_EPOCHS" -gt 0 ]]; then
     name="posttrain+ft-$tag-s$SEED"
     finetune "$name" "$run/ft-s$SEED" "$run/pruned.pt"
+    bench "$run/ft-s$SEED/checkpoint_best.pt" "$run/ft-s$SEED"
     study posttrain record --eval-dir "$WORK_DIR/eval/$name" --run "$run" \
+      --bench "$run/ft-s$SEED/bench.json" \
       --method posttrain+ft --setting "$budget, $FT_EPOCHS epochs" --seed "$SEED" \
       --checkpoint "$run/ft-s$SEED/checkpoint_best.pt" --reference "$reference"
   fi

@@ -930,6 +930,7 @@ def test_posttrain_curve_with_fine_tuning_and_published_records(quickstart_work,
     assert names == {"posttrain-macs0.7", "posttrain+ft-macs0.7-s1", "finetuned-1ep-s1"}
     ft = json.loads((study / "eval" / "posttrain+ft-macs0.7-s1" / "model.json").read_text())
     assert (ft["method"], ft["reference"], ft["seed"]) == ("posttrain+ft", "finetuned-1ep-s1", 1)
+    assert (tmp_path / "posttrain" / "macs0.7" / "ft-s1" / "bench.json").is_file()  # its own speed
     ref = json.loads((study / "eval" / "finetuned-1ep-s1" / "model.json").read_text())
     assert ref["heads"]["enc-self"] == [8, 8] and ref["reference"] == "baseline"
     pruned = study / "eval" / "posttrain-macs0.7"

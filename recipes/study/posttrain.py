@@ -7,7 +7,8 @@ Framework for Transformers") for the study's tables.
         --setting TEXT --seed S
 
 reads ``RUN/prune.json`` (``fairseq-headprune prune --json-out``) and, when there,
-``RUN/bench.json`` (``fairseq-headprune bench --json-out``) and writes ``EVAL/NAME/model.json``
+``RUN/bench.json`` or ``--bench`` (``fairseq-headprune bench --json-out``; a fine-tuned model
+generates other lengths, so it has its own) and writes ``EVAL/NAME/model.json``
 (``recipes.study.records``): heads kept per attention type and FFN neurons kept per layer
 kind out of the full model's, parameters, the multiply-add model's predicted beam-search
 speed-up and the measured one per batch size, and the run folder (``run_dir``, relative).
@@ -59,7 +60,7 @@ def make_record(run: Path, eval_dir: Path, args: argparse.Namespace) -> dict:
         "prune_seconds": round(prune["seconds"], 1),
         "run_dir": os.path.relpath(run, eval_dir),
     }
-    bench_file = run / "bench.json"
+    bench_file = Path(args.bench) if args.bench else run / "bench.json"
     if bench_file.is_file():
         bench = json.loads(bench_file.read_text())
         record["speedup"] = measured_speedups(bench)
@@ -105,6 +106,7 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--checkpoint", help="the evaluated checkpoint (default: RUN/pruned.pt)")
     p.add_argument("--reference", help="NAME of the fair reference (default: the baseline)")
     p.add_argument("--seed", type=int, help="fine-tuning seed (posttrain+ft)")
+    p.add_argument("--bench", help="the model's bench.json (default: RUN/bench.json)")
     p.set_defaults(func=cmd_record)
     p = sub.add_parser("reference", help="write EVAL/NAME/model.json of the fine-tuned full model")
     p.add_argument("--eval-dir", required=True, help="the evaluation folder (eval/NAME)")
