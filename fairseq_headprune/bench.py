@@ -221,10 +221,10 @@ def timed_rows(
     if n_gen != len(items):
         enc = best_of({n: encode(m) for n, m in models.items()}, gen_batches, args.repeats)
     dec = {n: gen[n] - enc[n] for n in models}
-    if min(dec.values()) > 0:
-        rows.append(_row("decoder (beam-enc)", bs, n_gen, dec, predicted["decoder"]))
-    else:  # only when timing noise (another load) swamps a whole beam search
-        logger.warning(f"batch {bs}: beam search timed faster than the encoder: no decoder row")
+    if min(dec.values()) <= 0:  # only when timing noise (another load) swamps a beam search
+        logger.warning(f"batch {bs}: beam search timed faster than the encoder: no decoder time")
+        dec = {n: float("nan") for n in models}
+    rows.append(_row("decoder (beam-enc)", bs, n_gen, dec, predicted["decoder"]))
     return rows
 
 
