@@ -64,6 +64,8 @@ def make_record(run: Path, eval_dir: Path, args: argparse.Namespace) -> dict:
     if bench_file.is_file():
         bench = json.loads(bench_file.read_text())
         record["speedup"] = measured_speedups(bench)
+        if args.bench:  # not the run's own: publish copies it next to the run's records
+            record["bench"] = os.path.relpath(bench_file, eval_dir)
         record["params"] = bench["params"]["pruned"]
     for key in ("reference", "seed"):
         if getattr(args, key) is not None:

@@ -9,7 +9,8 @@ For each evaluation folder (``recipes/evaluate.sh``'s ``$WORK_DIR/eval/NAME``) w
 (``<split>.hyp.gz``, which ``recipes.study.summary`` reads). When model.json names a
 ``run_dir``, that run's records (``*.json``, ``*.jsonl``, ``*.txt``; no checkpoints) go to
 ``STUDY/SUBDIR/<run folder's name>/`` (a JSON record over 64 kB gzipped, ``<name>.gz``) and
-model.json's ``run_dir`` is rewritten to point there. An evaluation that misses its
+model.json's ``run_dir`` is rewritten to point there; a ``bench`` of its own (a fine-tuned
+model's) goes there as ``<NAME>.bench.json``. An evaluation that misses its
 hypotheses for a scored split is refused before anything is copied.
 """
 
@@ -67,6 +68,10 @@ def publish(folder: Path, study: Path, runs: str) -> Path:
                 for f in run.glob(pattern):
                     copy_record(f, dest)
             record["run_dir"] = os.path.relpath(dest, out)
+            bench = folder / record.get("bench", "")
+            if record.get("bench") and bench.is_file():  # a fine-tuned model's own speed
+                shutil.copyfile(bench, dest / f"{folder.name}.bench.json")
+                record["bench"] = os.path.relpath(dest / f"{folder.name}.bench.json", out)
             record_file.write_text(json.dumps(record, indent=1) + "\n")
     return out
 

@@ -98,6 +98,8 @@ def checkpoint_rule(row: dict) -> str:
     """``best`` (lowest validation nll) or ``last`` (end of training): which checkpoint."""
     if row.get("selected"):
         return row["selected"]
+    if row.get("method") == "posttrain":  # pruned after training, with no training of its own
+        return ""
     name = Path(row.get("checkpoint") or "").name
     return "best" if name == "checkpoint_best.pt" else "last" if name else ""
 

@@ -223,7 +223,7 @@ def summary_markdown(rows: list[dict]) -> str:
         bleu = [f"{float(r[s]):.2f}" if r[s] else "–" for s in splits]
         bp = f"{float(r['bp_test_2016_flickr']):.3f}" if r["bp_test_2016_flickr"] else "–"
         cells = [
-            r["baseline"], r["model"], method, kept, r["checkpoint"], *bleu, bp, delta,
+            r["baseline"], r["model"], method, kept, r["checkpoint"] or "–", *bleu, bp, delta,
             r["p_test_2016_flickr"] or "–",
         ]  # fmt: skip
         lines.append("| " + " | ".join(cells) + " |")
@@ -255,8 +255,9 @@ def posttrain_markdown(rows: list[dict]) -> str:
         predicted = f"{float(r['speedup_predicted']):.2f}×" if r["speedup_predicted"] else "–"
         delta = f"{r['delta_test_2016_flickr']} ({r['reference']})" if r["reference"] else "–"
         cells = [
-            r["model"], r["setting"], kept, ffn, params, predicted, measured, r["valid"] or "–",
-            r["test_2016_flickr"] or "–", r["len_ratio_test_2016_flickr"] or "–", delta,
+            r["model"], r["setting"], kept, ffn, params, predicted, measured,
+            *(f"{float(r[s]):.2f}" if r[s] else "–" for s in ("valid", "test_2016_flickr")),
+            r["len_ratio_test_2016_flickr"] or "–", delta,
             r["p_test_2016_flickr"] or "–",
         ]  # fmt: skip
         lines.append("| " + " | ".join(cells) + " |")
