@@ -931,6 +931,8 @@ def test_posttrain_curve_with_fine_tuning_and_published_records(quickstart_work,
     ft = json.loads((study / "eval" / "posttrain+ft-macs0.7-s1" / "model.json").read_text())
     assert (ft["method"], ft["reference"], ft["seed"]) == ("posttrain+ft", "finetuned-1ep-s1", 1)
     assert (tmp_path / "posttrain" / "macs0.7" / "ft-s1" / "bench.json").is_file()  # its own speed
+    ft_dir = study / "eval" / "posttrain+ft-macs0.7-s1"
+    assert (ft_dir / ft["bench"]).is_file() and ft["bench"].endswith("s1.bench.json")
     ref = json.loads((study / "eval" / "finetuned-1ep-s1" / "model.json").read_text())
     assert ref["heads"]["enc-self"] == [8, 8] and ref["reference"] == "baseline"
     pruned = study / "eval" / "posttrain-macs0.7"
