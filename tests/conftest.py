@@ -1,4 +1,4 @@
-"""Session fixtures: one tiny corpus and one converged-enough stock transformer."""
+"""Fixtures built once per test run: one tiny corpus and one converged-enough stock transformer."""
 
 from __future__ import annotations
 

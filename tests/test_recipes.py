@@ -870,7 +870,7 @@ def test_report_shows_how_far_training_got(tiny_data, tmp_path):
     record = {"method": "baseline", "checkpoint": str(tmp_path / "gone" / "checkpoint_best.pt")}
     record["train_log"] = "../../baseline-epochs.log"
     (work / "eval" / "first-baseline" / "model.json").write_text(json.dumps(record))
-    # a run resumed across sessions: its logs in order (the second from the resume on)
+    # a run stopped and resumed: its logs in order (the second from the resume on)
     resumed = next(i for i, ln in enumerate(epochs) if "Loaded checkpoint" in ln)
     (work / "eval" / "first-scratch").mkdir()
     (work / "eval" / "first-scratch" / "val.json").write_text('{"bleu": 30.0}')

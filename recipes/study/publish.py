@@ -23,6 +23,8 @@ import os
 import shutil
 from pathlib import Path
 
+from recipes.study.records import read_hypotheses
+
 RECORDS = ("*.json", "*.jsonl", "*.txt")
 GZIP_ABOVE = 64_000  # bytes
 
@@ -31,10 +33,8 @@ def check(folder: Path) -> None:
     if not folder.is_dir():
         raise SystemExit(f"error: no evaluation folder {folder}")
     for record in folder.glob("*.json"):
-        if record.name == "model.json":
-            continue
         split = record.name[: -len(".json")]
-        if not (folder / f"{split}.hyp").is_file() and not (folder / f"{split}.hyp.gz").is_file():
+        if record.name != "model.json" and read_hypotheses(folder, split) is None:
             raise SystemExit(f"error: {record} has no {split}.hyp next to it")
 
 
@@ -68,10 +68,10 @@ def publish(folder: Path, study: Path, runs: str) -> Path:
                 for f in run.glob(pattern):
                     copy_record(f, dest)
             record["run_dir"] = os.path.relpath(dest, out)
-            bench = folder / record.get("bench", "")
-            if record.get("bench") and bench.is_file():  # a fine-tuned model's own speed
-                shutil.copyfile(bench, dest / f"{folder.name}.bench.json")
-                record["bench"] = os.path.relpath(dest / f"{folder.name}.bench.json", out)
+            if record.get("bench") and (folder / record["bench"]).is_file():  # its own speed
+                bench = dest / f"{folder.name}.bench.json"
+                shutil.copyfile(folder / record["bench"], bench)
+                record["bench"] = os.path.relpath(bench, out)
             record_file.write_text(json.dumps(record, indent=1) + "\n")
     return out
 

@@ -241,9 +241,8 @@ def posttrain_markdown(rows: list[dict]) -> str:
     """Post-training pruning (Kwon et al. 2022) of one baseline: each budget without and with
     fine-tuning, its multiply-add-predicted and measured beam-5 speed-up, BLEU, length."""
     shown = [r for r in rows if r["method"] in ("posttrain", "posttrain+ft")]
-    studies = {(r["dataset"], r["baseline"]) for r in shown}
-    shown += [r for r in rows if (r["dataset"], r["baseline"]) in studies
-              and r["model"] in {x["reference"] for x in shown}]  # fmt: skip
+    references = {(r["dataset"], r["baseline"], r["reference"]) for r in shown}
+    shown += [r for r in rows if (r["dataset"], r["baseline"], r["model"]) in references]
     lines = [POSTTRAIN_HEADER, "|---|---|---|---|" + "---:|" * 8]
     for r in sorted(shown, key=lambda r: (r["method"], -float(r["params"] or 1e12), r["model"])):
         kept = " / ".join(r[k] or "?" for k in ("enc_self_kept", "dec_self_kept", "dec_enc_kept"))
