@@ -60,6 +60,7 @@ from fairseq.criterions.label_smoothed_cross_entropy import (
     LabelSmoothedCrossEntropyCriterionConfig,
 )
 from fairseq.dataclass import ChoiceEnum
+from fairseq.tasks import FairseqTask
 from omegaconf import II
 from torch import nn
 
@@ -188,11 +189,20 @@ class LabelSmoothedCrossEntropyL0Criterion(LabelSmoothedCrossEntropyCriterion):
                 target_heads_lr_scale,
                 target_heads_rounding,
             )
-            # fairseq-train builds the model first: check the budget before any step
-            gated = getattr(task, GATED_HEADS_ATTR, None)
-            if gated is not None:
-                budget.check_targets(self.targets, gated)
-                self._checked = True
+        # fairseq-train builds the model before the criterion, and a gated_transformer records
+        # its gated heads on the task: check them before any step (crash.pt comes after one)
+        gated = getattr(task, GATED_HEADS_ATTR, None)
+        if gated is None and isinstance(task, FairseqTask):
+            gated = {}  # the task built a model that is no gated_transformer
+        if gated is not None and not gated and (self.targets or self.l0_lambda > 0):
+            flag = "--target-heads" if self.targets else "--l0-lambda"
+            raise HeadpruneError(
+                f"{flag}: the model has no head gates to prune; train --arch gated_transformer "
+                "(or a gated preset) with --head-gates naming the attention types to prune"
+            )
+        if gated is not None and self.targets:
+            budget.check_targets(self.targets, gated)
+            self._checked = True
         self.trajectory = TrajectoryWriter(gate_trajectory_interval, save_dir)
 
     def _init_budget(self, spec: str, warmup_updates: int, lr_scale: float, rounding: float):

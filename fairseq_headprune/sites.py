@@ -38,17 +38,23 @@ GATE_SUFFIX = "." + GATE_KEY
 _ATTENTION_ATTR = {ENC_SELF: "self_attn", DEC_SELF: "self_attn", DEC_ENC: "encoder_attn"}
 
 
-def parse_sites(value: str | None, flag: str = "--head-gates") -> tuple[str, ...]:
-    """``"enc-self,dec-enc"`` → ``("enc-self", "dec-enc")`` in canonical order; ``none`` → ()."""
+def parse_sites(
+    value: str | None, flag: str = "--head-gates", choices: tuple[str, ...] = SITES
+) -> tuple[str, ...]:
+    """``"enc-self,dec-enc"`` → ``("enc-self", "dec-enc")`` in canonical order; ``none`` → ().
+
+    ``choices``: the names allowed (attention types; ``UNIT_SITES`` adds the FFN kinds).
+    """
     if value is None or value.strip().lower() in ("", "none"):
         return ()
     names = [s.strip() for s in value.split(",") if s.strip()]
-    unknown = [s for s in names if s not in SITES]
+    unknown = [s for s in names if s not in choices]
     if unknown:
+        kind = "attention type(s)" if choices == SITES else "name(s)"
         raise HeadpruneError(
-            f"{flag}: unknown attention type(s) {unknown}; choose from {list(SITES)} or 'none'"
+            f"{flag}: unknown {kind} {unknown}; choose from {list(choices)} or 'none'"
         )
-    return tuple(s for s in SITES if s in names)
+    return tuple(s for s in choices if s in names)
 
 
 def site_of(name: str) -> str:

@@ -5,7 +5,8 @@
 #   recipes/posttrain.sh BASELINE_CHECKPOINT
 # Settings: BUDGETS ["macs:0.8 macs:0.6"], CALIBRATION [2000] sentences of the train subset,
 # RUNS_DIR [$WORK_DIR/../posttrain] (one folder per budget: pruned.pt, prune.{log,json},
-# bench.{log,json}), SUBSETS ["valid test"] for evaluate.sh, BENCH_BATCHES ["16 64"],
+# bench.{log,json}), SUBSETS ["valid test"] for evaluate.sh, BENCH_BATCHES ["16 64"; empty:
+# no bench],
 # BENCH_SENTENCES [256]. Evaluations are named posttrain-<kind><fraction> (posttrain-macs0.6),
 # each with its model.json (python -m recipes.study.posttrain record).
 #   FT_EPOCHS [0]  >0: fine-tune each pruned model that many epochs (recipes/finetune_pruned.sh,
@@ -15,6 +16,12 @@
 #                  ($RUNS_DIR/full-ft<FT_EPOCHS>-s<SEED>, evaluated as
 #                  finetuned-<FT_EPOCHS>ep-s<SEED>),
 #                  the fine-tuned models' fair reference.
+#   SITES          prune only these attention types / FFN kinds (prune --sites, e.g. enc-self;
+#                  the evaluation is named posttrain-<budget>-<sites>) [all]
+#   MICHEL         1: for each budget, also Michel et al. 2019's iterative importance pruning
+#                  of the baseline with the same heads per attention type, no retraining and
+#                  no tuning (recipes.study.controls michel on CALIBRATION train sentences,
+#                  then export --mask), evaluated as michel-<tag> [0]
 #   RESULTS        a study folder in results/ (results/multi30k-en-de/study): copy every
 #                  evaluation and run record there (python -m recipes.study.publish) [unset]
 # Every step is skipped when its output exists, so the curve resumes where it stopped.
@@ -27,16 +34,19 @@ baseline="$1"
 BUDGETS="${BUDGETS:-macs:0.8 macs:0.6}"
 CALIBRATION="${CALIBRATION:-2000}"
 RUNS_DIR="${RUNS_DIR:-$WORK_DIR/../posttrain}"
-BENCH_BATCHES="${BENCH_BATCHES:-16 64}"
+BENCH_BATCHES="${BENCH_BATCHES-16 64}"
 BENCH_SENTENCES="${BENCH_SENTENCES:-256}"
 export SUBSETS="${SUBSETS:-valid test}"
 FT_EPOCHS="${FT_EPOCHS:-0}"
 SEED="${SEED:-1}"
 RESULTS="${RESULTS:-}"
+SITES="${SITES:-}"
+MICHEL="${MICHEL:-0}"
 evals=()
 
 # bench CHECKPOINT FOLDER: speed against the full model, side by side (FOLDER/bench.{json,log})
 bench() {
+  [[ -n "$BENCH_BATCHES" ]] || return 0
   if [[ ! -s "$2/bench.json" ]]; then
     log "bench $1"
     # shellcheck disable=SC2086
@@ -64,21 +74,39 @@ if [[ "$FT_EPOCHS" -gt 0 ]]; then
     --setting "fine-tuned $FT_EPOCHS epochs"
 fi
 
+# michel TAG RUN: Michel et al.'s heads at the pruned model's counts per attention type
+michel() {
+  local name="michel-$1" dir="$2/michel" budget
+  mkdir -p "$dir"
+  budget="$(study controls budget --baseline "$baseline" --kept "$2/pruned.pt.heads.json" \
+    | tail -n 1)"
+  [[ -s "$dir/mask.json" ]] || study controls michel --data "$DATA_BIN" --path "$baseline" \
+    --budget "$budget" --subset train --max-sentences "$CALIBRATION" --out "$dir/mask.json"
+  [[ -s "$dir/pruned.pt" ]] || fairseq-headprune export --path "$baseline" \
+    --mask "$dir/mask.json" --out "$dir/pruned.pt" --force > "$dir/export.log"
+  bash "$HERE/evaluate.sh" "$name" "$dir/pruned.pt"
+  bench "$dir/pruned.pt" "$dir"
+  study controls record --eval-dir "$WORK_DIR/eval/$name" --method michel \
+    --checkpoint "$dir/pruned.pt" --kept "$dir/pruned.pt.heads.json" --setting "no retraining"
+  evals+=("$WORK_DIR/eval/$name")
+}
+
 for budget in $BUDGETS; do
-  tag="${budget//:/}"
+  tag="${budget//:/}${SITES:+-${SITES//,/+}}"
   run="$RUNS_DIR/$tag"
   mkdir -p "$run"
   if [[ ! -s "$run/pruned.pt" ]]; then
-    log "prune $budget"
+    log "prune $budget${SITES:+ of $SITES}"
     fairseq-headprune prune "$DATA_BIN" --path "$baseline" --budget "$budget" \
-      --calibration-sentences "$CALIBRATION" --out "$run/pruned.pt" --force \
-      --json-out "$run/prune.json" > "$run/prune.log" 2>&1
+      ${SITES:+--sites "$SITES"} --calibration-sentences "$CALIBRATION" \
+      --out "$run/pruned.pt" --force --json-out "$run/prune.json" > "$run/prune.log" 2>&1
   fi
   grep -v '^INFO' "$run/prune.log" | sed "s/^/$tag: /"
   bash "$HERE/evaluate.sh" "posttrain-$tag" "$run/pruned.pt"
   bench "$run/pruned.pt" "$run"
   study posttrain record --eval-dir "$WORK_DIR/eval/posttrain-$tag" --run "$run"
   evals+=("$WORK_DIR/eval/posttrain-$tag")
+  [[ "$MICHEL" != 1 ]] || michel "$tag" "$run"
   if [[ "$FT_EPOCHS" -gt 0 ]]; then
     name="posttrain+ft-$tag-s$SEED"
     finetune "$name" "$run/ft-s$SEED" "$run/pruned.pt"

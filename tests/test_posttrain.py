@@ -227,6 +227,46 @@ def test_stock_arch_preset_and_head_budget(tiny_data, tmp_path):
     cli("fairseq-generate", tiny_data, "--user-dir", USER_DIR, "--path", out, "--cpu")
 
 
+def test_sites_limit_what_the_search_prunes(stock_checkpoint, tiny_data, tmp_path):
+    """--sites: heads:K counts only the named attention types; a MAC budget charges the kinds
+    left whole first and prunes only the named ones."""
+    full = load_state(stock_checkpoint)["model"]
+    out = tmp_path / "enc3.pt"
+    proc = _prune(tiny_data, stock_checkpoint, out, "--budget", "heads:3", "--sites", "enc-self",
+                  "--json-out", f"{out}.json")  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    report = json.loads(out.with_name("enc3.pt.json").read_text())
+    kept = report["kept_heads"]
+    assert sum(map(len, kept["enc-self"])) == 3 and report["sites"] == ["enc-self"]
+    n_heads = 4  # TINY_ARCH
+    for site in ("dec-self", "dec-enc"):
+        assert kept[site] == [list(range(n_heads))] * len(kept[site])
+    for site, key in (("enc-ffn", "encoder"), ("dec-ffn", "decoder")):
+        assert [len(r) for r in kept[site]] == [full[f"{key}.layers.0.fc1.weight"].shape[0]] * 2
+
+    out = tmp_path / "ffn.pt"
+    proc = _prune(tiny_data, stock_checkpoint, out, "--budget", "macs:0.8", "--sites",
+                  "enc-ffn,dec-ffn", "--json-out", f"{out}.json")  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    report = json.loads(out.with_name("ffn.pt.json").read_text())
+    assert all(len(r) == n_heads for s in ("enc-self", "dec-self", "dec-enc")
+               for r in report["kept_heads"][s])  # fmt: skip
+    assert sum(map(len, report["kept_heads"]["dec-ffn"])) < 2 * 32
+    assert report["prunable_kept"] <= 0.8 + 1e-9
+
+    for sites, budget, message in (
+        ("enc-slef", "heads:3", "--sites: unknown name(s) ['enc-slef']"),
+        ("enc-ffn", "heads:3", "--sites enc-ffn: nothing for --budget heads:3 to prune"),
+        ("enc-self", "heads:99", "--budget heads:99: the model has 8 prunable heads"),
+        ("dec-ffn", "macs:0.1", "--budget: too small: the units kept whole (--sites)"),
+    ):
+        out = tmp_path / "bad.pt"
+        proc = _prune(tiny_data, stock_checkpoint, out, "--budget", budget, "--sites", sites)
+        last = proc.stderr.strip().splitlines()[-1]
+        assert proc.returncode != 0 and message in last, proc.stderr[-2000:]
+        assert not out.exists()
+
+
 def test_bad_input(stock_checkpoint, tiny_data, tmp_path):
     out = tmp_path / "x.pt"
     for budget in ("macs:0", "macs:1.5", "flops:0.5", "heads:0", "heads:99"):

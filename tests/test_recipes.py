@@ -949,3 +949,32 @@ def test_posttrain_curve_with_fine_tuning_and_published_records(quickstart_work,
     assert (
         "kept_heads='" in (tmp_path / "posttrain" / "macs0.7" / "ft-s1" / "train.log").read_text()
     )
+
+
+def test_posttrain_heads_of_one_type_against_michel(quickstart_work, raw_dir, tmp_path):
+    """recipes/posttrain.sh SITES=enc-self MICHEL=1: heads:K of encoder self-attention only,
+    and Michel et al.'s iterative importance at the same heads per type, both without
+    retraining, each evaluated and recorded; BENCH_BATCHES empty: no bench."""
+    work = tmp_path / "work"
+    work.mkdir()
+    for shared in ("raw", "data-bin"):
+        (work / shared).symlink_to(quickstart_work / shared)
+    runs = tmp_path / "posttrain"
+    env = {"BUDGETS": "heads:3", "SITES": "enc-self", "MICHEL": "1", "CALIBRATION": "40",
+           "SUBSETS": "test", "BENCH_BATCHES": "", "RUNS_DIR": str(runs)}  # fmt: skip
+    baseline = quickstart_work / "baseline" / "checkpoint_best.pt"
+    _run("posttrain.sh", work, raw_dir, str(baseline), **env)
+    ours = json.loads((work / "eval" / "posttrain-heads3-enc-self" / "model.json").read_text())
+    michel = json.loads((work / "eval" / "michel-heads3-enc-self" / "model.json").read_text())
+    assert ours["setting"] == "heads:3 of enc-self, no retraining"
+    assert michel["method"] == "michel" and michel["setting"] == "no retraining"
+    # TINY: 2 encoder and 1 decoder layers of 4 heads; only encoder self-attention pruned
+    assert (
+        ours["heads"]
+        == michel["heads"]
+        == {"enc-self": [3, 8], "dec-self": [4, 4], "dec-enc": [4, 4]}
+    )
+    kept = json.loads((runs / "heads3-enc-self" / "michel" / "pruned.pt.heads.json").read_text())
+    assert sum(map(len, kept["enc-self"])) == 3
+    assert (work / "eval" / "michel-heads3-enc-self" / "test_2016_flickr.json").is_file()
+    assert not list(runs.rglob("bench.json"))

@@ -34,7 +34,14 @@ from fairseq_headprune.posttrain.search import (
 )
 from fairseq_headprune.posttrain.tuning import tune
 from fairseq_headprune.pruning import parse_kept_heads, prune_ffn_state_dict, prune_state_dict
-from fairseq_headprune.sites import FFN_SITES, UNIT_SITES, module_prefix, site_layers
+from fairseq_headprune.sites import (
+    FFN_SITES,
+    SITES,
+    UNIT_SITES,
+    module_prefix,
+    parse_sites,
+    site_layers,
+)
 
 
 def check_checkpoint(path: str) -> dict:
@@ -115,22 +122,28 @@ def latency_budget(args, task, model, budget: float, tgt_len: int) -> tuple[dict
 
 
 def choose(args, task, model, masks: Masks, batches: list[dict], terms: dict) -> tuple:
-    """The kept units (search, then rearrangement) and the latency report if any."""
+    """The kept units (search, then rearrangement) and the latency report if any.
+
+    Units of the kinds ``--sites`` leaves out are all kept; their cost comes off the budget.
+    """
     budget = parse_budget(args.budget)
     diag, blocks = fisher(model, masks, batches)
+    searched = {u: t for u, t in diag.items() if u[0] in args.sites}
+    fixed = {u: torch.ones(len(t), dtype=torch.bool) for u, t in diag.items() if u not in searched}
     latency = None
     if budget.kind == "heads":
-        keep = search_heads(diag, int(budget.value), args.allow_empty_cross_attention)
+        keep = search_heads(searched, int(budget.value), args.allow_empty_cross_attention)
     else:
         if budget.kind == "latency":
             cost, allowed, latency = args.latency_costs
         else:
             cost = {u: float(c) for u, (c, _) in terms.items()}
             allowed = budget.value * prunable_macs(terms)
-        keep = search_cost(diag, cost, allowed, args.allow_empty_cross_attention)
+        allowed -= sum(cost[u] * len(k) for u, k in fixed.items())
+        keep = search_cost(searched, cost, allowed, args.allow_empty_cross_attention)
     if not args.no_rearrange:
         keep = rearrange_all(keep, blocks)
-    return keep, latency
+    return {**keep, **fixed}, latency
 
 
 def run_prune(args: argparse.Namespace) -> dict:
@@ -138,6 +151,12 @@ def run_prune(args: argparse.Namespace) -> dict:
     if Path(args.out).exists() and not args.force:
         raise HeadpruneError(f"--out {args.out} exists; pass --force to overwrite it")
     budget = parse_budget(args.budget)
+    args.sites = parse_sites(args.sites, "--sites", UNIT_SITES)
+    if not args.sites or (budget.kind == "heads" and not set(args.sites) & set(SITES)):
+        raise HeadpruneError(
+            f"--sites {','.join(args.sites) or 'none'}: nothing for --budget {args.budget} to "
+            f"prune; name attention types{'' if budget.kind == 'heads' else ' or FFN kinds'}"
+        )
     state = check_checkpoint(args.path)
     (model,), _, task = checkpoint_utils.load_model_ensemble_and_task(
         [args.path], arg_overrides={"data": args.data}
@@ -166,6 +185,7 @@ def run_prune(args: argparse.Namespace) -> dict:
         seconds=time.perf_counter() - start,
         seconds_by_stage=stages,
         budget=args.budget,
+        sites=list(args.sites),
         calibration_sentences=sum(b["nsentences"] for b in batches),
         lengths={"src": src_len, "tgt": tgt_len, "beam": args.beam},
         macs={"full": full, "pruned": constant + kept_macs, "unprunable": constant},
@@ -246,6 +266,12 @@ def add_prune_parser(sub) -> None:
         "--allow-empty-cross-attention",
         action="store_true",
         help="let the search remove every head of a decoder–encoder attention layer",
+    )
+    p.add_argument(
+        "--sites",
+        default=",".join(UNIT_SITES),
+        help="the attention types and FFN kinds the search may prune, comma-separated; the "
+        "others are kept whole (default: all of " + ",".join(UNIT_SITES) + ")",
     )
     p.add_argument("--no-rearrange", action="store_true", help="skip the Fisher rearrangement")
     p.add_argument("--no-tune", action="store_true", help="skip least-squares mask tuning")

@@ -81,7 +81,7 @@ def search_heads(
     forced = _forced(importance, allow_empty_cross)
     if not len(forced) <= k <= len(heads):
         raise HeadpruneError(
-            f"--budget heads:{k}: the model has {len(heads)} heads and {len(forced)} "
+            f"--budget heads:{k}: the model has {len(heads)} prunable heads and {len(forced)} "
             "decoder–encoder attention layers that keep one each "
             "(see --allow-empty-cross-attention)"
         )
@@ -113,10 +113,10 @@ def search_cost(
 
     heads, head_cost, head_imp = ranked(SITES, frozenset(forced))
     neurons, neuron_cost, neuron_imp = ranked(FFN_SITES)
-    if head_cost[len(forced)] > budget * (1 + 1e-9):
+    if budget < 0 or head_cost[len(forced)] > budget * (1 + 1e-9):
         raise HeadpruneError(
-            "--budget: too small: the one head kept in each decoder–encoder attention layer "
-            "costs more (see --allow-empty-cross-attention)"
+            "--budget: too small: the units kept whole (--sites) or the one head kept in each "
+            "decoder–encoder attention layer (see --allow-empty-cross-attention) cost more"
         )
     best, best_n = None, None
     for n in range(len(forced), len(heads) + 1):

@@ -113,7 +113,7 @@ def cmd_michel(args: argparse.Namespace) -> None:
 
     def report(row: dict) -> None:
         n, loss = len(row["removed"]), row["loss"]
-        print(f"michel: removed {n} heads, mean valid NLL {loss:.4f}", file=sys.stderr)
+        print(f"michel: removed {n} heads, mean {args.subset} NLL {loss:.4f}", file=sys.stderr)
 
     values, steps = iterative_pruning(sm, batches, groups, on_step=report)
     mask = {

@@ -49,9 +49,11 @@ def measured_speedups(bench: dict, beam_row: str = "generate beam") -> dict[str,
 def make_record(run: Path, eval_dir: Path, args: argparse.Namespace) -> dict:
     prune = json.loads((run / "prune.json").read_text())
     counts = kept_of(prune["masks"])
+    sites = prune.get("sites", [])  # prune --sites: the kinds the search could prune
+    scope = f" of {','.join(sites)}" if 0 < len(sites) < len(SITES + FFN_SITES) else ""
     record = {
         "method": args.method,
-        "setting": args.setting or f"{prune['budget']}, no retraining",
+        "setting": args.setting or f"{prune['budget']}{scope}, no retraining",
         "checkpoint": args.checkpoint or str(run / "pruned.pt"),
         "heads": {s: counts[s] for s in SITES if s in counts},
         "ffn": {s: counts[s] for s in FFN_SITES if s in counts},
