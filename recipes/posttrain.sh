@@ -22,6 +22,9 @@
 #                  of the baseline with the same heads per attention type, no retraining and
 #                  no tuning (recipes.study.controls michel on CALIBRATION train sentences,
 #                  then export --mask), evaluated as michel-<tag> [0]
+#   FT_FREEZE_DECODER  1: fine-tune as prune.sh's gated runs do (the encoder only, LR [5e-4],
+#                  the last checkpoint evaluated), the equal training budget of a gated model
+#                  at the same heads; the reference is then finetuned-<N>ep-enc-s<SEED> [0]
 #   RESULTS        a study folder in results/ (results/multi30k-en-de/study): copy every
 #                  evaluation and run record there (python -m recipes.study.publish) [unset]
 # Every step is skipped when its output exists, so the curve resumes where it stopped.
@@ -41,6 +44,12 @@ FT_EPOCHS="${FT_EPOCHS:-0}"
 SEED="${SEED:-1}"
 RESULTS="${RESULTS:-}"
 SITES="${SITES:-}"
+FT_FREEZE_DECODER="${FT_FREEZE_DECODER:-0}"
+if [[ "$FT_FREEZE_DECODER" == 1 ]]; then
+  LR="${LR:-5e-4}" ft_checkpoint=checkpoint_last.pt ft_tag="enc-"
+else
+  LR="${LR:-3e-4}" ft_checkpoint=checkpoint_best.pt ft_tag=""
+fi
 MICHEL="${MICHEL:-0}"
 evals=()
 
@@ -57,21 +66,22 @@ bench() {
   grep -v '^INFO' "$2/bench.log" | sed "s|^|$(basename "$2"): |"
 }
 
-# finetune NAME RUN CHECKPOINT: fine-tune everything FT_EPOCHS epochs, then evaluate
+# finetune NAME RUN CHECKPOINT: fine-tune FT_EPOCHS epochs, then evaluate
 finetune() {
   local name="$1" run="$2" ckpt="$3"
-  MAX_EPOCH="$FT_EPOCHS" LR="${LR:-3e-4}" SEED="$SEED" FREEZE_DECODER=0 \
+  MAX_EPOCH="$FT_EPOCHS" LR="$LR" SEED="$SEED" FREEZE_DECODER="$FT_FREEZE_DECODER" \
     bash "$HERE/finetune_pruned.sh" "$run" "$ckpt"
-  bash "$HERE/evaluate.sh" "$name" "$run/checkpoint_best.pt"
+  bash "$HERE/evaluate.sh" "$name" "$run/$ft_checkpoint"
   evals+=("$WORK_DIR/eval/$name")
 }
 
-reference="finetuned-${FT_EPOCHS}ep-s$SEED"
+reference="finetuned-${FT_EPOCHS}ep-${ft_tag}s$SEED"
+full_ft="$RUNS_DIR/full-ft$FT_EPOCHS-${ft_tag}s$SEED"
 if [[ "$FT_EPOCHS" -gt 0 ]]; then
-  finetune "$reference" "$RUNS_DIR/full-ft$FT_EPOCHS-s$SEED" "$baseline"
+  finetune "$reference" "$full_ft" "$baseline"
   study posttrain reference --eval-dir "$WORK_DIR/eval/$reference" --seed "$SEED" \
-    --checkpoint "$RUNS_DIR/full-ft$FT_EPOCHS-s$SEED/checkpoint_best.pt" \
-    --setting "fine-tuned $FT_EPOCHS epochs"
+    --checkpoint "$full_ft/$ft_checkpoint" \
+    --setting "fine-tuned $FT_EPOCHS epochs${ft_tag:+, encoder only}"
 fi
 
 # michel TAG RUN: Michel et al.'s heads at the pruned model's counts per attention type
@@ -89,6 +99,14 @@ michel() {
   study controls record --eval-dir "$WORK_DIR/eval/$name" --method michel \
     --checkpoint "$dir/pruned.pt" --kept "$dir/pruned.pt.heads.json" --setting "no retraining"
   evals+=("$WORK_DIR/eval/$name")
+  if [[ "$FT_EPOCHS" -gt 0 ]]; then
+    name="michel+ft-$1-${ft_tag}s$SEED"
+    finetune "$name" "$dir/ft-${ft_tag}s$SEED" "$dir/pruned.pt"
+    study controls record --eval-dir "$WORK_DIR/eval/$name" --method michel --seed "$SEED" \
+      --checkpoint "$dir/ft-${ft_tag}s$SEED/$ft_checkpoint" --kept "$dir/pruned.pt.heads.json" \
+      --setting "$FT_EPOCHS epochs${ft_tag:+, encoder only}" --reference "$reference" \
+      ${ft_tag:+--selected last}
+  fi
 }
 
 for budget in $BUDGETS; do
@@ -108,13 +126,14 @@ for budget in $BUDGETS; do
   evals+=("$WORK_DIR/eval/posttrain-$tag")
   [[ "$MICHEL" != 1 ]] || michel "$tag" "$run"
   if [[ "$FT_EPOCHS" -gt 0 ]]; then
-    name="posttrain+ft-$tag-s$SEED"
-    finetune "$name" "$run/ft-s$SEED" "$run/pruned.pt"
-    bench "$run/ft-s$SEED/checkpoint_best.pt" "$run/ft-s$SEED"
+    name="posttrain+ft-$tag-${ft_tag}s$SEED"
+    ft="$run/ft-${ft_tag}s$SEED"
+    finetune "$name" "$ft" "$run/pruned.pt"
+    bench "$ft/$ft_checkpoint" "$ft"
     study posttrain record --eval-dir "$WORK_DIR/eval/$name" --run "$run" \
-      --bench "$run/ft-s$SEED/bench.json" \
-      --method posttrain+ft --setting "$budget, $FT_EPOCHS epochs" --seed "$SEED" \
-      --checkpoint "$run/ft-s$SEED/checkpoint_best.pt" --reference "$reference"
+      --bench "$ft/bench.json" --method posttrain+ft --seed "$SEED" \
+      --setting "$budget${SITES:+ of $SITES}, $FT_EPOCHS epochs${ft_tag:+, encoder only}" \
+      --checkpoint "$ft/$ft_checkpoint" --reference "$reference"
   fi
 done
 if [[ -n "$RESULTS" ]]; then

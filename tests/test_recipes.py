@@ -954,14 +954,17 @@ def test_posttrain_curve_with_fine_tuning_and_published_records(quickstart_work,
 def test_posttrain_heads_of_one_type_against_michel(quickstart_work, raw_dir, tmp_path):
     """recipes/posttrain.sh SITES=enc-self MICHEL=1: heads:K of encoder self-attention only,
     and Michel et al.'s iterative importance at the same heads per type, both without
-    retraining, each evaluated and recorded; BENCH_BATCHES empty: no bench."""
+    retraining, each evaluated and recorded; BENCH_BATCHES empty: no bench. FT_EPOCHS with
+    FT_FREEZE_DECODER=1: both, and the full model, fine-tuned as a gated run (encoder only,
+    last checkpoint)."""
     work = tmp_path / "work"
     work.mkdir()
     for shared in ("raw", "data-bin"):
         (work / shared).symlink_to(quickstart_work / shared)
     runs = tmp_path / "posttrain"
     env = {"BUDGETS": "heads:3", "SITES": "enc-self", "MICHEL": "1", "CALIBRATION": "40",
-           "SUBSETS": "test", "BENCH_BATCHES": "", "RUNS_DIR": str(runs)}  # fmt: skip
+           "SUBSETS": "test", "BENCH_BATCHES": "", "RUNS_DIR": str(runs), "FT_EPOCHS": "1",
+           "FT_FREEZE_DECODER": "1"}  # fmt: skip
     baseline = quickstart_work / "baseline" / "checkpoint_best.pt"
     _run("posttrain.sh", work, raw_dir, str(baseline), **env)
     ours = json.loads((work / "eval" / "posttrain-heads3-enc-self" / "model.json").read_text())
@@ -978,3 +981,13 @@ def test_posttrain_heads_of_one_type_against_michel(quickstart_work, raw_dir, tm
     assert sum(map(len, kept["enc-self"])) == 3
     assert (work / "eval" / "michel-heads3-enc-self" / "test_2016_flickr.json").is_file()
     assert not list(runs.rglob("bench.json"))
+    for name, method in (("posttrain+ft-heads3-enc-self-enc-s1", "posttrain+ft"),
+                         ("michel+ft-heads3-enc-self-enc-s1", "michel")):  # fmt: skip
+        record = json.loads((work / "eval" / name / "model.json").read_text())
+        assert (record["method"], record["reference"]) == (method, "finetuned-1ep-enc-s1")
+        assert record["checkpoint"].endswith("-enc-s1/checkpoint_last.pt"), record["checkpoint"]
+        assert "encoder only" in record["setting"]
+    ref = json.loads((work / "eval" / "finetuned-1ep-enc-s1" / "model.json").read_text())
+    assert ref["setting"] == "fine-tuned 1 epochs, encoder only"
+    for run in (runs / "full-ft1-enc-s1", runs / "heads3-enc-self" / "ft-enc-s1"):
+        assert "freeze_decoder=True" in (run / "train.log").read_text()

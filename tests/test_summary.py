@@ -210,3 +210,33 @@ def test_publish_gzips_large_json_records(tmp_path):
         publish.copy_record(f, dest)
     assert sorted(p.name for p in dest.iterdir()) == ["bench.json", "prune.json.gz"]
     assert gzip.decompress((dest / "prune.json.gz").read_bytes()) == big.read_bytes()
+
+
+def test_heads_table_compares_equal_head_counts_on_a_posttrain_baseline():
+    """tables --heads: heads-only rows (every FFN neuron kept) of the baselines with
+    post-training rows, grouped by head count, with their references; FFN-pruned rows and
+    other baselines left out."""
+    from recipes.study.summary import COLUMNS
+    from recipes.study.tables_posttrain import heads_markdown
+
+    def row(baseline, model, method, kept, ffn=("", "", ""), reference="baseline"):
+        r = dict.fromkeys(COLUMNS, "")
+        r.update(dataset="d", baseline=baseline, model=model, method=method,
+                 reference=reference, test_2016_flickr="30")  # fmt: skip
+        r["enc_self_kept"], r["dec_self_kept"], r["dec_enc_kept"] = map(str, kept)
+        r["enc_ffn_kept"], r["dec_ffn_kept"], r["ffn_total"] = ffn
+        return r
+
+    table = heads_markdown([
+        row("b", "baseline", "baseline", (8, 4, 4), reference=""),
+        row("b", "michel-heads3", "michel", (3, 4, 4)),
+        row("b", "posttrain-heads3", "posttrain", (3, 4, 4), ("6", "6", "12")),
+        row("b", "gated-k3", "target-heads", (3, 4, 4)),
+        row("b", "posttrain-heads6", "posttrain", (6, 4, 4), ("6", "6", "12")),
+        row("b", "posttrain-macs0.5", "posttrain", (8, 4, 4), ("3", "6", "12")),
+        row("other", "michel-k3", "michel", (3, 4, 4)),
+    ])  # fmt: skip
+    models = [line.split(" | ")[1] for line in table.splitlines()[2:]]
+    assert models == ["baseline", "posttrain-heads6", "gated-k3", "posttrain-heads3",
+                      "michel-heads3"]  # fmt: skip
+    assert "| 3 / 4 / 4 | michel-heads3 | michel |" in table

@@ -21,10 +21,11 @@ Subcommands (each writes JSON that ``fairseq-headprune export --mask`` reads):
   The steps (heads removed, mean validation NLL) go to ``MASK`` next to the mask, under
   ``"steps"``.
 - ``record --eval-dir DIR --method M --checkpoint CKPT --kept HEADS_JSON [--seed S]
-  [--setting TEXT] [--baseline NAME] [--selected last]``: write ``DIR/model.json``, which
-  ``recipes.study.records`` reads (with the kept and total heads per attention type, from
-  CKPT; ``"selected": "last"`` for a run's last checkpoint, whose random draws it averages
-  apart from those of best checkpoints).
+  [--setting TEXT] [--baseline NAME] [--selected last] [--reference NAME]``: write
+  ``DIR/model.json``, which ``recipes.study.records`` reads (with the kept and total heads
+  per attention type, from CKPT; ``"selected": "last"`` for a run's last checkpoint, whose
+  random draws it averages apart from those of best checkpoints; ``"reference"``: the NAME
+  of the fair reference, e.g. the full model fine-tuned alike).
 """
 
 from __future__ import annotations
@@ -139,7 +140,7 @@ def cmd_record(args: argparse.Namespace) -> None:
     record["heads"] = {
         s: [sum(map(len, rows)), totals[s]] for s, rows in record["kept_heads"].items()
     }
-    for key in ("setting", "baseline", "selected"):
+    for key in ("setting", "baseline", "selected", "reference"):
         if getattr(args, key):
             record[key] = getattr(args, key)
     write_json(str(Path(args.eval_dir) / "model.json"), record)
@@ -180,6 +181,7 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--seed", type=int)
     p.add_argument("--setting", help="the report table's setting column (default: the seed)")
     p.add_argument("--baseline", help="NAME of the evaluated baseline the model was made from")
+    p.add_argument("--reference", help="NAME of the fair reference (default: the baseline)")
     p.add_argument(
         "--selected",
         choices=("last",),

@@ -21,6 +21,7 @@ from recipes.study.records import (
     random_groups,
 )
 from recipes.study.significance import format_p
+from recipes.study.tables_posttrain import heads_markdown, posttrain_markdown
 from recipes.study.training import training_markdown
 
 
@@ -230,41 +231,9 @@ def summary_markdown(rows: list[dict]) -> str:
     return "\n".join(lines)
 
 
-POSTTRAIN_HEADER = (
-    "| model | setting | heads kept (enc / dec-self / dec-enc) | FFN neurons kept | parameters "
-    "| speed-up predicted | measured, batch 16 / 64 | valid | test 2016 | length ratio 2016 "
-    "| Δ 2016 (vs) | p |"
-)
-
-
-def posttrain_markdown(rows: list[dict]) -> str:
-    """Post-training pruning (Kwon et al. 2022) of one baseline: each budget without and with
-    fine-tuning, its multiply-add-predicted and measured beam-5 speed-up, BLEU, length."""
-    shown = [r for r in rows if r["method"] in ("posttrain", "posttrain+ft")]
-    references = {(r["dataset"], r["baseline"], r["reference"]) for r in shown}
-    shown += [r for r in rows if (r["dataset"], r["baseline"], r["model"]) in references]
-    lines = [POSTTRAIN_HEADER, "|---|---|---|---|" + "---:|" * 8]
-    for r in sorted(shown, key=lambda r: (r["method"], -float(r["params"] or 1e12), r["model"])):
-        kept = " / ".join(r[k] or "?" for k in ("enc_self_kept", "dec_self_kept", "dec_enc_kept"))
-        ffn = int(r["enc_ffn_kept"] or 0) + int(r["dec_ffn_kept"] or 0)
-        ffn = f"{ffn} / {r['ffn_total']}" if r["ffn_total"] else "all"
-        params = f"{int(r['params']) / 1e6:.2f} M" if r["params"] else "–"
-        measured = " / ".join(f"{float(r[k]):.2f}×" if r[k] else "–" for k in
-                              ("speedup_b16", "speedup_b64"))  # fmt: skip
-        predicted = f"{float(r['speedup_predicted']):.2f}×" if r["speedup_predicted"] else "–"
-        delta = f"{r['delta_test_2016_flickr']} ({r['reference']})" if r["reference"] else "–"
-        cells = [
-            r["model"], r["setting"], kept, ffn, params, predicted, measured,
-            *(f"{float(r[s]):.2f}" if r[s] else "–" for s in ("valid", "test_2016_flickr")),
-            r["len_ratio_test_2016_flickr"] or "–", delta,
-            r["p_test_2016_flickr"] or "–",
-        ]  # fmt: skip
-        lines.append("| " + " | ".join(cells) + " |")
-    return "\n".join(lines)
-
-
 def main(argv: list[str] | None = None) -> None:
-    """``python -m recipes.study.tables results/summary.csv [--posttrain]``: print a table."""
+    """``python -m recipes.study.tables results/summary.csv [--posttrain | --heads]``: print a
+    table."""
     p = argparse.ArgumentParser(description=summary_markdown.__doc__.split("\n")[0])
     p.add_argument("summary", type=Path, help="results/summary.csv")
     p.add_argument(
@@ -272,10 +241,18 @@ def main(argv: list[str] | None = None) -> None:
         action="store_true",
         help="the post-training pruning table instead of the table of every model",
     )
+    p.add_argument(
+        "--heads",
+        action="store_true",
+        help="heads only at equal head counts: post-training (heads:K), Michel et al., gated",
+    )
     args = p.parse_args(argv)
     with args.summary.open(encoding="utf-8") as f:
         rows = list(csv.DictReader(f))
-    print(posttrain_markdown(rows) if args.posttrain else summary_markdown(rows))
+    if args.heads:
+        print(heads_markdown(rows))
+    else:
+        print(posttrain_markdown(rows) if args.posttrain else summary_markdown(rows))
 
 
 if __name__ == "__main__":
