@@ -16,6 +16,8 @@
 #                  ($RUNS_DIR/full-ft<FT_EPOCHS>-s<SEED>, evaluated as
 #                  finetuned-<FT_EPOCHS>ep-s<SEED>),
 #                  the fine-tuned models' fair reference.
+#   PRUNE_ARGS     more flags of `fairseq-headprune prune` (e.g. --no-rearrange), with VARIANT
+#                  a name for them appended to the tag (posttrain-heads24-norearr) [none]
 #   SITES          prune only these attention types / FFN kinds (prune --sites, e.g. enc-self;
 #                  the evaluation is named posttrain-<budget>-<sites>) [all]
 #   MICHEL         1: for each budget, also Michel et al. 2019's iterative importance pruning
@@ -44,6 +46,9 @@ FT_EPOCHS="${FT_EPOCHS:-0}"
 SEED="${SEED:-1}"
 RESULTS="${RESULTS:-}"
 SITES="${SITES:-}"
+PRUNE_ARGS="${PRUNE_ARGS:-}"
+VARIANT="${VARIANT:-}"
+[[ -z "$PRUNE_ARGS" || -n "$VARIANT" ]] || die "PRUNE_ARGS needs a VARIANT name for its runs"
 FT_FREEZE_DECODER="${FT_FREEZE_DECODER:-0}"
 if [[ "$FT_FREEZE_DECODER" == 1 ]]; then
   LR="${LR:-5e-4}" ft_checkpoint=checkpoint_last.pt ft_tag="enc-"
@@ -110,12 +115,13 @@ michel() {
 }
 
 for budget in $BUDGETS; do
-  tag="${budget//:/}${SITES:+-${SITES//,/+}}"
+  tag="${budget//:/}${SITES:+-${SITES//,/+}}${VARIANT:+-$VARIANT}"
   run="$RUNS_DIR/$tag"
   mkdir -p "$run"
   if [[ ! -s "$run/pruned.pt" ]]; then
     log "prune $budget${SITES:+ of $SITES}"
-    fairseq-headprune prune "$DATA_BIN" --path "$baseline" --budget "$budget" \
+    # shellcheck disable=SC2086
+    fairseq-headprune prune "$DATA_BIN" --path "$baseline" --budget "$budget" $PRUNE_ARGS \
       ${SITES:+--sites "$SITES"} --calibration-sentences "$CALIBRATION" \
       --out "$run/pruned.pt" --force --json-out "$run/prune.json" > "$run/prune.log" 2>&1
   fi

@@ -165,6 +165,14 @@ def test_posttrain_records_are_published_with_their_runs(tree, tmp_path):
     assert record["heads"] == {"enc-self": [6, 8], "dec-self": [4, 4], "dec-enc": [1, 4]}
     assert record["ffn"] == {"enc-ffn": [2, 3], "dec-ffn": [1, 2]}
     assert record["speedup"] == {"16": 1.235, "64": 1.5} and record["params"] == 1200
+    variant = tmp_path / "variant"
+    (variant / "eval").mkdir(parents=True)
+    (variant / "prune.json").write_text(
+        json.dumps({**prune, "sites": ["enc-self"], "rearranged": False, "tuned": True})
+    )
+    posttrain.main(["record", "--eval-dir", str(variant / "eval"), "--run", str(variant)])
+    setting = json.loads((variant / "eval" / "model.json").read_text())["setting"]
+    assert setting == "macs:0.5 of enc-self without rearrangement, no retraining"
 
     study = results / "toy-en-de" / "base"
     with contextlib.redirect_stdout(io.StringIO()):

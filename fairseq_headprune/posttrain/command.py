@@ -186,6 +186,8 @@ def run_prune(args: argparse.Namespace) -> dict:
         seconds_by_stage=stages,
         budget=args.budget,
         sites=list(args.sites),
+        rearranged=not args.no_rearrange,
+        tuned=not args.no_tune,
         calibration_sentences=sum(b["nsentences"] for b in batches),
         lengths={"src": src_len, "tgt": tgt_len, "beam": args.beam},
         macs={"full": full, "pruned": constant + kept_macs, "unprunable": constant},

@@ -51,6 +51,8 @@ def make_record(run: Path, eval_dir: Path, args: argparse.Namespace) -> dict:
     counts = kept_of(prune["masks"])
     sites = prune.get("sites", [])  # prune --sites: the kinds the search could prune
     scope = f" of {','.join(sites)}" if 0 < len(sites) < len(SITES + FFN_SITES) else ""
+    scope += "".join(f" without {stage}" for stage, key in (("rearrangement", "rearranged"),
+                     ("tuning", "tuned")) if not prune.get(key, True))  # fmt: skip
     record = {
         "method": args.method,
         "setting": args.setting or f"{prune['budget']}{scope}, no retraining",
