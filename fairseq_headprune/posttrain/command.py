@@ -275,7 +275,11 @@ def add_prune_parser(sub) -> None:
         help="the attention types and FFN kinds the search may prune, comma-separated; the "
         "others are kept whole (default: all of " + ",".join(UNIT_SITES) + ")",
     )
-    p.add_argument("--no-rearrange", action="store_true", help="skip the Fisher rearrangement")
+    p.add_argument(
+        "--no-rearrange",
+        action="store_true",
+        help="skip the Fisher rearrangement (better with heads:K on Multi30k: docs/posttrain.md)",
+    )
     p.add_argument("--no-tune", action="store_true", help="skip least-squares mask tuning")
     p.add_argument("--seed", type=int, default=1, help="draw of the calibration sentences")
     p.add_argument("--json-out", help="write the report as JSON here")
