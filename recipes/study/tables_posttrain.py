@@ -7,6 +7,13 @@ results/summary.csv --posttrain`` / ``--heads``.
 
 from __future__ import annotations
 
+
+def heads_only(r: dict) -> bool:
+    """Whether a summary row kept every FFN neuron (or prunes no FFN at all)."""
+    ffn = int(r["enc_ffn_kept"] or 0) + int(r["dec_ffn_kept"] or 0)
+    return not r["ffn_total"] or ffn == int(r["ffn_total"])
+
+
 POSTTRAIN_HEADER = (
     "| model | setting | heads kept (enc / dec-self / dec-enc) | FFN neurons kept | parameters "
     "| speed-up predicted | measured, batch 16 / 64 | valid | test 2016 | length ratio 2016 "
@@ -15,9 +22,10 @@ POSTTRAIN_HEADER = (
 
 
 def posttrain_markdown(rows: list[dict]) -> str:
-    """Post-training pruning (Kwon et al. 2022) of one baseline: each budget without and with
-    fine-tuning, its multiply-add-predicted and measured beam-5 speed-up, BLEU, length."""
-    shown = [r for r in rows if r["method"] in ("posttrain", "posttrain+ft")]
+    """Post-training pruning (Kwon et al. 2022) of one baseline: each budget that prunes FFN
+    neurons, without and with fine-tuning, its multiply-add-predicted and measured beam-5
+    speed-up, BLEU, length (heads-only budgets: :func:`heads_markdown`)."""
+    shown = [r for r in rows if r["method"] in ("posttrain", "posttrain+ft") and not heads_only(r)]
     references = {(r["dataset"], r["baseline"], r["reference"]) for r in shown}
     shown += [r for r in rows if (r["dataset"], r["baseline"], r["model"]) in references]
     lines = [POSTTRAIN_HEADER, "|---|---|---|---|" + "---:|" * 8]
@@ -53,10 +61,6 @@ def heads_markdown(rows: list[dict]) -> str:
     importance and the gated models, without and with fine-tuning, and their references."""
     baselines = {(r["dataset"], r["baseline"]) for r in rows if r["method"] == "posttrain"}
 
-    def heads_only(r: dict) -> bool:
-        ffn = int(r["enc_ffn_kept"] or 0) + int(r["dec_ffn_kept"] or 0)
-        return not r["ffn_total"] or ffn == int(r["ffn_total"])
-
     shown = [
         r
         for r in rows
@@ -72,7 +76,8 @@ def heads_markdown(rows: list[dict]) -> str:
     def order(r: dict) -> tuple:
         kept = [-int(r[k] or 0) for k in sites]
         method = HEAD_METHODS.index(r["method"]) if r["method"] in HEAD_METHODS else -1
-        return (r["dataset"], r["baseline"], sum(kept), kept, method, r["model"])
+        trained = bool(r["seed"])  # fine-tuned after pruning: after the rows without
+        return (r["dataset"], r["baseline"], sum(kept), kept, trained, method, r["model"])
 
     for r in sorted(shown, key=order):
         delta = f"{r['delta_test_2016_flickr']} ({r['reference']})" if r["reference"] else "–"
