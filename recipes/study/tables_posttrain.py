@@ -8,10 +8,20 @@ results/summary.csv --posttrain`` / ``--heads``.
 from __future__ import annotations
 
 
+def ffn_kept(r: dict) -> int:
+    """FFN neurons a summary row kept, encoder and decoder together."""
+    return int(r["enc_ffn_kept"] or 0) + int(r["dec_ffn_kept"] or 0)
+
+
 def heads_only(r: dict) -> bool:
     """Whether a summary row kept every FFN neuron (or prunes no FFN at all)."""
-    ffn = int(r["enc_ffn_kept"] or 0) + int(r["dec_ffn_kept"] or 0)
-    return not r["ffn_total"] or ffn == int(r["ffn_total"])
+    return not r["ffn_total"] or ffn_kept(r) == int(r["ffn_total"])
+
+
+def with_references(shown: list[dict], rows: list[dict]) -> list[dict]:
+    """``shown`` and, from ``rows``, the reference row each of them is measured against."""
+    references = {(r["dataset"], r["baseline"], r["reference"]) for r in shown}
+    return shown + [r for r in rows if (r["dataset"], r["baseline"], r["model"]) in references]
 
 
 POSTTRAIN_HEADER = (
@@ -26,13 +36,11 @@ def posttrain_markdown(rows: list[dict]) -> str:
     neurons, without and with fine-tuning, its multiply-add-predicted and measured beam-5
     speed-up, BLEU, length (heads-only budgets: :func:`heads_markdown`)."""
     shown = [r for r in rows if r["method"] in ("posttrain", "posttrain+ft") and not heads_only(r)]
-    references = {(r["dataset"], r["baseline"], r["reference"]) for r in shown}
-    shown += [r for r in rows if (r["dataset"], r["baseline"], r["model"]) in references]
+    shown = with_references(shown, rows)
     lines = [POSTTRAIN_HEADER, "|---|---|---|---|" + "---:|" * 8]
     for r in sorted(shown, key=lambda r: (r["method"], -float(r["params"] or 1e12), r["model"])):
         kept = " / ".join(r[k] or "?" for k in ("enc_self_kept", "dec_self_kept", "dec_enc_kept"))
-        ffn = int(r["enc_ffn_kept"] or 0) + int(r["dec_ffn_kept"] or 0)
-        ffn = f"{ffn} / {r['ffn_total']}" if r["ffn_total"] else "all"
+        ffn = f"{ffn_kept(r)} / {r['ffn_total']}" if r["ffn_total"] else "all"
         params = f"{int(r['params']) / 1e6:.2f} M" if r["params"] else "–"
         measured = " / ".join(f"{float(r[k]):.2f}×" if r[k] else "–" for k in
                               ("speedup_b16", "speedup_b64"))  # fmt: skip
@@ -60,7 +68,6 @@ def heads_markdown(rows: list[dict]) -> str:
     Kwon et al.'s Fisher search (``prune --budget heads:K``), Michel et al.'s iterative
     importance and the gated models, without and with fine-tuning, and their references."""
     baselines = {(r["dataset"], r["baseline"]) for r in rows if r["method"] == "posttrain"}
-
     shown = [
         r
         for r in rows
@@ -68,8 +75,7 @@ def heads_markdown(rows: list[dict]) -> str:
         and r["method"] in HEAD_METHODS
         and heads_only(r)
     ]
-    references = {(r["dataset"], r["baseline"], r["reference"]) for r in shown}
-    shown += [r for r in rows if (r["dataset"], r["baseline"], r["model"]) in references]
+    shown = with_references(shown, rows)
     sites = ("enc_self_kept", "dec_self_kept", "dec_enc_kept")
     lines = [HEADS_HEADER, "|---|---|---|---|" + "---:|" * 6]
 
