@@ -16,6 +16,7 @@ from fairseq_headprune.errors import HeadpruneError
 from fairseq_headprune.macs import mac_terms
 from fairseq_headprune.posttrain.fisher import calibration_batches, fisher
 from fairseq_headprune.posttrain.masks import Masks
+from fairseq_headprune.posttrain.refit import refit
 from fairseq_headprune.posttrain.search import (
     parse_budget,
     pruned_loss,
@@ -24,6 +25,7 @@ from fairseq_headprune.posttrain.search import (
     search_heads,
 )
 from fairseq_headprune.posttrain.tuning import tune
+from fairseq_headprune.sites import module_prefix
 from tests.helpers import TINY_ARCH, TRAIN_COMMON, USER_DIR, cli, load_state, train
 
 
@@ -125,24 +127,35 @@ def test_rearrangement_keeps_the_count_and_lowers_the_loss_estimate():
     assert pruned_loss(block, ~new) <= pruned_loss(block, ~mask)
 
 
+_NORM_AFTER = {"enc-self": "self_attn_layer_norm", "dec-self": "self_attn_layer_norm",
+               "dec-enc": "encoder_attn_layer_norm", "enc-ffn": "final_layer_norm",
+               "dec-ffn": "final_layer_norm"}  # fmt: skip
+
+
 def _unit_output(model, masks, unit, batches, values):
-    """The unit's projection output (out_proj or fc2) on every batch with its masks ``values``."""
+    """What the unit's layer norm receives (residual + the unit's output; the tiny model is
+    post-norm), at the real positions of every batch, with the unit's masks ``values``."""
     site, i = unit
     layer = (model.encoder if site.startswith("enc") else model.decoder).layers[i]
-    proj = layer.fc2 if site.endswith("ffn") else (
-        layer.encoder_attn if site == "dec-enc" else layer.self_attn).out_proj  # fmt: skip
+    norm = getattr(layer, _NORM_AFTER[site])
     masks.set({unit: values})
     outs = []
-    handle = proj.register_forward_hook(lambda m, i, o: outs.append(o.detach().clone()))
+    handle = norm.register_forward_pre_hook(lambda m, i: outs.append(i[0].detach().clone()))
+    pad = model.decoder.dictionary.pad()
+    real = []
     with torch.no_grad():
         for b in batches:
             n = b["net_input"]
+            tokens = n["src_tokens"] if site.startswith("enc") else n["prev_output_tokens"]
+            real.append((tokens != pad).t())  # (T, B) like the layer's tensors
             model(n["src_tokens"], n["src_lengths"], n["prev_output_tokens"])
     handle.remove()
-    return outs
+    return [o[r] for o, r in zip(outs, real)]
 
 
 def test_least_squares_tuning_lowers_every_layer_reconstruction_error(stock_checkpoint, tiny_data):
+    """Each tuned layer, fed the pruned model's inputs, reproduces the unpruned model's
+    residual sum (what its layer norm receives) at least as well as the 0/1 masks."""
     model, task = _load(stock_checkpoint, tiny_data)
     batches = calibration_batches(task, "train", 48, 16)
     masks = Masks(model)
@@ -167,6 +180,43 @@ def test_least_squares_tuning_lowers_every_layer_reconstruction_error(stock_chec
             errs.append(sum(float(((o - t) ** 2).sum()) for o, t in zip(outs, teacher[unit])))
         assert errs[1] <= errs[0] * (1 + 1e-5), unit
         lowered += errs[1] < 0.99 * errs[0]
+    assert lowered >= len(report) // 2
+
+
+def test_weight_refit_lowers_every_layer_reconstruction_error(stock_checkpoint, tiny_data):
+    """--tune weights: with every earlier layer refit, each refit layer reproduces the
+    unpruned model's residual sum at least as well as its original weights, and most much
+    better; the unpruned model (another copy) is the reference."""
+    model, task = _load(stock_checkpoint, tiny_data)
+    reference, _ = _load(stock_checkpoint, tiny_data)
+    batches = calibration_batches(task, "train", 48, 16)
+    masks = Masks(model)
+    diag, _ = fisher(model, masks, batches)
+    _, terms = mac_terms(model, 7, 7, 5)
+    cost = {u: float(c) for u, (c, _) in terms.items()}
+    keep = search_cost(diag, cost, 0.4 * sum(c * n for c, n in terms.values()))
+    masks.set({u: k.float() for u, k in keep.items()})
+    originals = {n: p.detach().clone() for n, p in model.named_parameters()}
+    report, weights = refit(model, masks, batches)
+    assert set(weights) and all(n.endswith((".fc2.weight", ".fc2.bias", ".out_proj.weight",
+                                            ".out_proj.bias")) for n in weights)  # fmt: skip
+    params = dict(model.named_parameters())
+    ref_masks = Masks(reference)
+    lowered = 0
+    for unit in report:
+        teacher = _unit_output(reference, ref_masks, unit, batches, ref_masks.values[unit])
+        errs = []
+        for use_original in (True, False):
+            proj = [n for n in weights if n.startswith(module_prefix(unit) + ".")
+                    and (".fc2." in n) == unit[0].endswith("ffn")]  # fmt: skip
+            with torch.no_grad():
+                for n in proj:
+                    params[n].copy_(originals[n] if use_original else weights[n])
+            outs = _unit_output(model, masks, unit, batches, keep[unit].float())
+            errs.append(sum(float(((o - t) ** 2).sum()) for o, t in zip(outs, teacher)))
+        scale = sum(float((t**2).sum()) for t in teacher)  # float32 round-off of a refit
+        assert errs[1] <= errs[0] * (1 + 1e-5) + 1e-7 * scale, unit
+        lowered += errs[1] < 0.9 * errs[0]
     assert lowered >= len(report) // 2
 
 
@@ -196,6 +246,30 @@ def test_exported_model_equals_the_masked_tuned_model(pruned, stock_checkpoint, 
     full = sum(c * n for c, n in mac_terms(model, *args)[1].values())
     assert sum(c * n for c, n in mac_terms(small, *args)[1].values()) <= 0.5 * full
     assert all(len(rows) >= 1 for rows in kept["dec-enc"])
+
+
+def test_weight_refit_is_what_the_exported_model_computes(stock_checkpoint, tiny_data, tmp_path):
+    """prune --tune weights writes the refit out_proj / fc2 weights and biases: the exported
+    model's logits equal the masked model refit in-process on the same calibration batches."""
+    out = tmp_path / "refit.pt"
+    proc = _prune(tiny_data, stock_checkpoint, out, "--budget", "macs:0.5", "--tune", "weights",
+                  "--json-out", tmp_path / "r.json")  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    report = json.loads((tmp_path / "r.json").read_text())
+    assert report["tune"] == "weights" and report["tuning"]
+    model, task = _load(stock_checkpoint, tiny_data)
+    masks = Masks(model)
+    masks.set({(k.rsplit(".", 1)[0], int(k.rsplit(".", 1)[1])): torch.tensor(v)
+               for k, v in report["masks"].items()})  # fmt: skip
+    assert all(set(v) <= {0.0, 1.0} for v in report["masks"].values())  # nothing to fold
+    refit(model, masks, calibration_batches(task, "train", 96, 32, 1))
+    small, _ = _load(out, tiny_data)
+    for batch in calibration_batches(task, "valid", 40, 20):
+        n = batch["net_input"]
+        with torch.no_grad():
+            a = small(n["src_tokens"], n["src_lengths"], n["prev_output_tokens"])[0]
+            b = model(n["src_tokens"], n["src_lengths"], n["prev_output_tokens"])[0]
+        assert (a - b).abs().max() <= 1e-4
 
 
 def test_pruned_checkpoint_generates_and_trains_with_stock_clis(pruned, tiny_data, tmp_path):

@@ -26,6 +26,7 @@ from fairseq_headprune.macs import mac_terms, prunable_macs, total_macs
 from fairseq_headprune.posttrain.fisher import calibration_batches, fisher
 from fairseq_headprune.posttrain.latency import latency_terms
 from fairseq_headprune.posttrain.masks import Masks
+from fairseq_headprune.posttrain.refit import refit
 from fairseq_headprune.posttrain.search import (
     parse_budget,
     rearrange_all,
@@ -42,6 +43,8 @@ from fairseq_headprune.sites import (
     parse_sites,
     site_layers,
 )
+
+TUNE_CHOICES = ("masks", "weights", "none")
 
 
 def check_checkpoint(path: str) -> dict:
@@ -84,8 +87,13 @@ def kept_heads_json(state: dict, model, keep: dict) -> dict[str, list[list[int]]
     return out
 
 
-def export(state: dict, model, masks: Masks, keep: dict, out: str, force: bool) -> dict:
-    """Fold the tuned masks into out_proj / fc2, remove the units ``keep`` drops, write ``out``."""
+def export(
+    state: dict, model, masks: Masks, keep: dict, out: str, force: bool, weights: dict
+) -> dict:
+    """Put the refit ``weights`` (by parameter name) into the checkpoint's, fold the tuned
+    masks into out_proj / fc2, remove the units ``keep`` drops, write ``out``."""
+    params = state["model"]
+    params = {**params, **{k: v.to(params[k]) for k, v in weights.items()}}
     layout = attention_layout(state)
     heads = {p: (n, d) for p, (n, d, _) in layout.items()}
     kept_pos, gates, ffn_kept, ffn_scales = {}, {}, {}, {}
@@ -97,7 +105,7 @@ def export(state: dict, model, masks: Masks, keep: dict, out: str, force: bool) 
         else:
             kept_pos[prefix] = positions
             gates[prefix] = masks.values[unit] * masks.base(unit)
-    pruned = prune_state_dict(state["model"], heads, kept_pos, gates)
+    pruned = prune_state_dict(params, heads, kept_pos, gates)
     pruned = prune_ffn_state_dict(pruned, ffn_kept, ffn_scales)
     kept = kept_heads_json(state, model, keep)
     save_pruned_checkpoint(state, pruned, kept, out, force)
@@ -175,9 +183,13 @@ def run_prune(args: argparse.Namespace) -> dict:
     keep, latency = choose(args, task, model, masks, batches, terms)
     stages["importance and search"] = time.perf_counter() - start - sum(stages.values())
     masks.set({u: k.float() for u, k in keep.items()})
-    errors = tune(model, masks, batches) if not args.no_tune else {}
-    stages["mask tuning"] = time.perf_counter() - start - sum(stages.values())
-    report = export(state, model, masks, keep, args.out, args.force)
+    errors, weights = {}, {}
+    if args.tune == "masks":
+        errors = tune(model, masks, batches)
+    elif args.tune == "weights":
+        errors, weights = refit(model, masks, batches)
+    stages["tuning"] = time.perf_counter() - start - sum(stages.values())
+    report = export(state, model, masks, keep, args.out, args.force, weights)
     stages["export"] = time.perf_counter() - start - sum(stages.values())
     kept_macs = prunable_macs(terms, {u: int(k.sum()) for u, k in keep.items()})
     full = total_macs(constant, terms)
@@ -187,7 +199,8 @@ def run_prune(args: argparse.Namespace) -> dict:
         budget=args.budget,
         sites=list(args.sites),
         rearranged=not args.no_rearrange,
-        tuned=not args.no_tune,
+        tuned=args.tune != "none",
+        tune=args.tune,
         calibration_sentences=sum(b["nsentences"] for b in batches),
         lengths={"src": src_len, "tgt": tgt_len, "beam": args.beam},
         macs={"full": full, "pruned": constant + kept_macs, "unprunable": constant},
@@ -280,7 +293,14 @@ def add_prune_parser(sub) -> None:
         action="store_true",
         help="skip the Fisher rearrangement (better with heads:K on Multi30k: docs/posttrain.md)",
     )
-    p.add_argument("--no-tune", action="store_true", help="skip least-squares mask tuning")
+    p.add_argument(
+        "--tune",
+        choices=TUNE_CHOICES,
+        default="masks",
+        help="after the search, fit to the unpruned model's layer outputs: masks, one scale "
+        "per kept head or neuron (Kwon et al.); weights, every output weight of the kept "
+        "units and the bias (docs/posttrain.md); none (default: masks)",
+    )
     p.add_argument("--seed", type=int, default=1, help="draw of the calibration sentences")
     p.add_argument("--json-out", help="write the report as JSON here")
     p.set_defaults(func=cmd_prune)

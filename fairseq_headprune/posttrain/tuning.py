@@ -6,7 +6,9 @@ layer's output is linear in its kept masks — attention Σ_h m_h·(head_h·W_O[
 output are a least-squares solution. Layers are tuned in order (encoder layers, then decoder
 layers, which see the pruned and tuned encoder's memory): each layer's inputs come from the
 pruned model with every earlier layer tuned; its target is the unpruned model's output of
-that layer on the same sentences. The solution is ridge-regularised towards 1 and clamped to
+that layer on the same sentences, residual included (Kwon et al.'s eq. 10: x' + layer(x')):
+the pruned sublayer is asked to make up for what the earlier layers changed in its residual
+x, not only to reproduce layer(x'). The solution is ridge-regularised towards 1 and clamped to
 [-10, 10], as Kwon et al. do; the values fold into ``out_proj`` / ``fc2`` columns at export.
 """
 
@@ -40,6 +42,18 @@ class _Stop(Exception):
     """Raised by a capture hook once the layer of interest has run."""
 
 
+def _residual_call(model: nn.Module, unit: Unit) -> tuple[nn.Module, int]:
+    """(the transformer layer of ``unit``, which of its ``residual_connection`` calls adds
+    the unit's output): fairseq's layers add self-attention, then decoder–encoder attention,
+    then the FFN."""
+    if unit[0].startswith("enc"):
+        layer = model.encoder.layers[unit[1]]
+        return layer, int(unit[0] == ENC_FFN)
+    layer = model.decoder.layers[unit[1]]
+    cross = int(getattr(layer, "encoder_attn", None) is not None)
+    return layer, {DEC_SELF: 0, DEC_ENC: 1, DEC_FFN: 1 + cross}[unit[0]]
+
+
 def tuning_order(model: nn.Module) -> list[Unit]:
     order: list[Unit] = []
     for i in range(len(model.encoder.layers)):
@@ -49,7 +63,7 @@ def tuning_order(model: nn.Module) -> list[Unit]:
     return order
 
 
-def _modules(model: nn.Module, unit: Unit) -> tuple[nn.Module, nn.Module]:
+def unit_modules(model: nn.Module, unit: Unit) -> tuple[nn.Module, nn.Module]:
     """(the unit's projection: out_proj or fc2, the attention module or layer)."""
     if unit[0] in FFN_SITES:
         layer = next(layer for s, i, layer in ffn_layers(model) if (s, i) == unit)
@@ -58,7 +72,7 @@ def _modules(model: nn.Module, unit: Unit) -> tuple[nn.Module, nn.Module]:
     return attn.out_proj, attn
 
 
-def _positions(unit: Unit, batch: dict, pad: int) -> Tensor:
+def real_positions(unit: Unit, batch: dict, pad: int) -> Tensor:
     """(T·B,) True at real (non-pad) positions, in the (T, B) order of layer tensors."""
     net = batch["net_input"]
     tokens = net["src_tokens"] if unit[0].startswith("enc") else net["prev_output_tokens"]
@@ -66,12 +80,13 @@ def _positions(unit: Unit, batch: dict, pad: int) -> Tensor:
 
 
 def capture(model, masks: Masks, unit: Unit, batch: dict, teacher: bool) -> dict:
-    """Run ``model`` on ``batch`` up to ``unit``'s projection and return its inputs/outputs.
+    """Run ``model`` on ``batch`` up to ``unit``'s residual connection and return the
+    projection's inputs (``heads`` or ``x``), its output ``y`` and the ``residual`` added to it.
 
     ``teacher``: every mask 1 (the unpruned model); otherwise the current masks, with this
     unit's kept masks at 1 so that its inputs are the unscaled heads/activations.
     """
-    proj, owner = _modules(model, unit)
+    proj, owner = unit_modules(model, unit)
     got: dict = {}
     saved = masks.snapshot()
     if teacher:
@@ -84,11 +99,19 @@ def capture(model, masks: Masks, unit: Unit, batch: dict, teacher: bool) -> dict
         owner.head_gate.observer = lambda heads, gate: got.__setitem__("heads", heads)
         pre = None
 
-    def out_hook(module, inputs, output):
-        got["y"] = output
-        raise _Stop
+    post = proj.register_forward_hook(lambda m, inp, out: got.__setitem__("y", out))
+    layer, call = _residual_call(model, unit)
+    add = layer.residual_connection
+    calls = []
 
-    post = proj.register_forward_hook(out_hook)
+    def residual_connection(x, residual):
+        if len(calls) == call:
+            got["residual"] = residual
+            raise _Stop
+        calls.append(None)
+        return add(x, residual)
+
+    layer.residual_connection = residual_connection
     net = batch["net_input"]
     try:
         with torch.no_grad():
@@ -96,6 +119,7 @@ def capture(model, masks: Masks, unit: Unit, batch: dict, teacher: bool) -> dict
     except _Stop:
         pass
     finally:
+        del layer.residual_connection
         post.remove()
         if pre is not None:
             pre.remove()
@@ -108,7 +132,7 @@ def capture(model, masks: Masks, unit: Unit, batch: dict, teacher: bool) -> dict
 def gram_terms(model, masks: Masks, unit: Unit, got: dict, keep: Tensor, real: Tensor, t: Tensor):
     """(AᵀA, Aᵀt) of one batch: A's column i is kept unit i's additive share of the
     projection output at every real position (``t``: (N, E) targets at those positions)."""
-    proj, _ = _modules(model, unit)
+    proj, _ = unit_modules(model, unit)
     w = proj.weight.detach().double()  # (E, units·d)
     if unit[0] in FFN_SITES:  # share_j = act_j·W2[:, j]: factor through W2 (no (N, k, E))
         x = got["x"].reshape(-1, got["x"].shape[-1])[real][:, keep].double()  # (N, k)
@@ -127,16 +151,17 @@ def normal_equations(
 ) -> tuple[Tensor, Tensor, float, Tensor]:
     """(AᵀA (k, k), Aᵀt (k,), tᵀt, kept indices) over the calibration batches."""
     keep = (masks.values[unit] != 0).nonzero().flatten()
-    proj, _ = _modules(model, unit)
+    proj, _ = unit_modules(model, unit)
     pad = model.decoder.dictionary.pad()
     gram = torch.zeros(len(keep), len(keep), dtype=torch.float64)
     rhs = torch.zeros(len(keep), dtype=torch.float64)
     tt = 0.0
     for batch in batches:
-        real = _positions(unit, batch, pad)
-        y_t = capture(model, masks, unit, batch, teacher=True)["y"]
+        real = real_positions(unit, batch, pad)
+        teacher = capture(model, masks, unit, batch, teacher=True)
         got = capture(model, masks, unit, batch, teacher=False)
-        t = y_t.reshape(-1, y_t.shape[-1])[real].double()  # (N, E)
+        t = teacher["y"] + teacher["residual"] - got["residual"]
+        t = t.reshape(-1, t.shape[-1])[real].double()  # (N, E)
         if proj.bias is not None:
             t = t - proj.bias.detach().double()
         g, r = gram_terms(model, masks, unit, got, keep, real, t)
@@ -155,8 +180,9 @@ def solve(gram: Tensor, rhs: Tensor) -> Tensor:
 
 
 def relative_error(gram: Tensor, rhs: Tensor, tt: float, m: Tensor) -> float:
-    """‖A m − t‖² / ‖t‖² from the normal equations."""
-    return float(m @ gram @ m - 2 * m @ rhs + tt) / max(tt, 1e-12)
+    """‖A m − t‖² / ‖t‖² from the normal equations (``m``: a vector, or one column per
+    output dimension with ``rhs`` = Aᵀt alike)."""
+    return float((m * (gram @ m)).sum() - 2 * (m * rhs).sum() + tt) / max(tt, 1e-12)
 
 
 def tune(model, masks: Masks, batches: list[dict]) -> dict[Unit, dict]:

@@ -53,6 +53,7 @@ def make_record(run: Path, eval_dir: Path, args: argparse.Namespace) -> dict:
     scope = f" of {','.join(sites)}" if 0 < len(sites) < len(SITES + FFN_SITES) else ""
     scope += "".join(f" without {stage}" for stage, key in (("rearrangement", "rearranged"),
                      ("tuning", "tuned")) if not prune.get(key, True))  # fmt: skip
+    scope += " with weights refit" if prune.get("tune") == "weights" else ""
     record = {
         "method": args.method,
         "setting": args.setting or f"{prune['budget']}{scope}, no retraining",
