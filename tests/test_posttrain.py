@@ -45,10 +45,11 @@ def _prune(data, ckpt, out, *args):
 
 @pytest.fixture(scope="module")
 def pruned(stock_checkpoint, tiny_data, tmp_path_factory):
-    """The stock model pruned to 50% of its attention + FFN multiply-adds, and its report."""
+    """The stock model pruned to 50% of its attention + FFN multiply-adds by Kwon et al.'s
+    steps (rearrangement, mask tuning), and its report."""
     out = tmp_path_factory.mktemp("posttrain") / "p50.pt"
-    proc = _prune(tiny_data, stock_checkpoint, out, "--budget", "macs:0.5", "--json-out",
-                  f"{out}.json")  # fmt: skip
+    proc = _prune(tiny_data, stock_checkpoint, out, "--budget", "macs:0.5", "--rearrange",
+                  "--tune", "masks", "--json-out", f"{out}.json")  # fmt: skip
     assert proc.returncode == 0, proc.stderr[-3000:]
     return out, json.loads(out.with_name(out.name + ".json").read_text())
 
@@ -249,14 +250,14 @@ def test_exported_model_equals_the_masked_tuned_model(pruned, stock_checkpoint, 
 
 
 def test_weight_refit_is_what_the_exported_model_computes(stock_checkpoint, tiny_data, tmp_path):
-    """prune --tune weights writes the refit out_proj / fc2 weights and biases: the exported
+    """prune (--tune weights) writes the refit out_proj / fc2 weights and biases: the exported
     model's logits equal the masked model refit in-process on the same calibration batches."""
     out = tmp_path / "refit.pt"
-    proc = _prune(tiny_data, stock_checkpoint, out, "--budget", "macs:0.5", "--tune", "weights",
+    proc = _prune(tiny_data, stock_checkpoint, out, "--budget", "macs:0.5",  # the defaults
                   "--json-out", tmp_path / "r.json")  # fmt: skip
     assert proc.returncode == 0, proc.stderr[-3000:]
     report = json.loads((tmp_path / "r.json").read_text())
-    assert report["tune"] == "weights" and report["tuning"]
+    assert report["tune"] == "weights" and report["tuning"] and not report["rearranged"]
     model, task = _load(stock_checkpoint, tiny_data)
     masks = Masks(model)
     masks.set({(k.rsplit(".", 1)[0], int(k.rsplit(".", 1)[1])): torch.tensor(v)

@@ -969,7 +969,7 @@ def test_posttrain_heads_of_one_type_against_michel(quickstart_work, raw_dir, tm
     _run("posttrain.sh", work, raw_dir, str(baseline), **env)
     ours = json.loads((work / "eval" / "posttrain-heads3-enc-self" / "model.json").read_text())
     michel = json.loads((work / "eval" / "michel-heads3-enc-self" / "model.json").read_text())
-    assert ours["setting"] == "heads:3 of enc-self, no retraining"
+    assert ours["setting"] == "heads:3 of enc-self, weights refit, no retraining"
     assert michel["method"] == "michel" and michel["setting"] == "no retraining"
     # TINY: 2 encoder and 1 decoder layers of 4 heads; only encoder self-attention pruned
     assert (

@@ -173,6 +173,17 @@ def test_posttrain_records_are_published_with_their_runs(tree, tmp_path):
     posttrain.main(["record", "--eval-dir", str(variant / "eval"), "--run", str(variant)])
     setting = json.loads((variant / "eval" / "model.json").read_text())["setting"]
     assert setting == "macs:0.5 of enc-self without rearrangement, no retraining"
+    for flags, named in (
+        ((True, "masks"), "rearranged, masks tuned"),
+        ((False, "weights"), "weights refit"),
+        ((False, "none"), "untuned"),
+    ):
+        (variant / "prune.json").write_text(
+            json.dumps({**prune, "rearranged": flags[0], "tuned": True, "tune": flags[1]})
+        )
+        posttrain.main(["record", "--eval-dir", str(variant / "eval"), "--run", str(variant)])
+        setting = json.loads((variant / "eval" / "model.json").read_text())["setting"]
+        assert setting == f"macs:0.5, {named}, no retraining"
 
     study = results / "toy-en-de" / "base"
     with contextlib.redirect_stdout(io.StringIO()):

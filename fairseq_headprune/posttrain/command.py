@@ -149,7 +149,7 @@ def choose(args, task, model, masks: Masks, batches: list[dict], terms: dict) ->
             allowed = budget.value * prunable_macs(terms)
         allowed -= sum(cost[u] * len(k) for u, k in fixed.items())
         keep = search_cost(searched, cost, allowed, args.allow_empty_cross_attention)
-    if not args.no_rearrange:
+    if args.rearrange:
         keep = rearrange_all(keep, blocks)
     return {**keep, **fixed}, latency
 
@@ -198,7 +198,7 @@ def run_prune(args: argparse.Namespace) -> dict:
         seconds_by_stage=stages,
         budget=args.budget,
         sites=list(args.sites),
-        rearranged=not args.no_rearrange,
+        rearranged=args.rearrange,
         tuned=args.tune != "none",
         tune=args.tune,
         calibration_sentences=sum(b["nsentences"] for b in batches),
@@ -289,17 +289,19 @@ def add_prune_parser(sub) -> None:
         "others are kept whole (default: all of " + ",".join(UNIT_SITES) + ")",
     )
     p.add_argument(
-        "--no-rearrange",
-        action="store_true",
-        help="skip the Fisher rearrangement (better with heads:K on Multi30k: docs/posttrain.md)",
+        "--rearrange",
+        action=argparse.BooleanOptionalAction,
+        default=False,
+        help="Kwon et al.'s rearrangement of the kept units within each layer by Fisher cross "
+        "terms (default: off; it lowered BLEU at every budget measured: docs/posttrain.md)",
     )
     p.add_argument(
         "--tune",
         choices=TUNE_CHOICES,
-        default="masks",
-        help="after the search, fit to the unpruned model's layer outputs: masks, one scale "
-        "per kept head or neuron (Kwon et al.); weights, every output weight of the kept "
-        "units and the bias (docs/posttrain.md); none (default: masks)",
+        default="weights",
+        help="after the search, fit each layer to the unpruned model's output: weights, every "
+        "output weight of the kept units and the bias; masks, one scale per kept head or "
+        "neuron (Kwon et al.); none (default: weights)",
     )
     p.add_argument("--seed", type=int, default=1, help="draw of the calibration sentences")
     p.add_argument("--json-out", help="write the report as JSON here")

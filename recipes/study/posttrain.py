@@ -51,9 +51,15 @@ def make_record(run: Path, eval_dir: Path, args: argparse.Namespace) -> dict:
     counts = kept_of(prune["masks"])
     sites = prune.get("sites", [])  # prune --sites: the kinds the search could prune
     scope = f" of {','.join(sites)}" if 0 < len(sites) < len(SITES + FFN_SITES) else ""
-    scope += "".join(f" without {stage}" for stage, key in (("rearrangement", "rearranged"),
-                     ("tuning", "tuned")) if not prune.get(key, True))  # fmt: skip
-    scope += " with weights refit" if prune.get("tune") == "weights" else ""
+    if "tune" in prune:  # name the steps that ran
+        steps = ["rearranged"] if prune["rearranged"] else []
+        steps.append(
+            {"weights": "weights refit", "masks": "masks tuned"}.get(prune["tune"], "untuned")
+        )
+        scope += "".join(f", {step}" for step in steps)
+    else:  # a report of Kwon et al.'s steps by default (rearranged, masks tuned)
+        scope += "".join(f" without {stage}" for stage, key in (("rearrangement", "rearranged"),
+                         ("tuning", "tuned")) if not prune.get(key, True))  # fmt: skip
     record = {
         "method": args.method,
         "setting": args.setting or f"{prune['budget']}{scope}, no retraining",
