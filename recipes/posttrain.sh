@@ -138,7 +138,7 @@ for budget in $BUDGETS; do
     bench "$ft/$ft_checkpoint" "$ft"
     study posttrain record --eval-dir "$WORK_DIR/eval/$name" --run "$run" \
       --bench "$ft/bench.json" --method posttrain+ft --seed "$SEED" \
-      --setting "$budget${SITES:+ of $SITES}, $FT_EPOCHS epochs${ft_tag:+, encoder only}" \
+      --after "$FT_EPOCHS epochs${ft_tag:+, encoder only}" \
       --checkpoint "$ft/$ft_checkpoint" --reference "$reference"
   fi
 done

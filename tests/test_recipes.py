@@ -987,6 +987,10 @@ def test_posttrain_heads_of_one_type_against_michel(quickstart_work, raw_dir, tm
         assert (record["method"], record["reference"]) == (method, "finetuned-1ep-enc-s1")
         assert record["checkpoint"].endswith("-enc-s1/checkpoint_last.pt"), record["checkpoint"]
         assert "encoder only" in record["setting"]
+    ft = json.loads(
+        (work / "eval" / "posttrain+ft-heads3-enc-self-enc-s1" / "model.json").read_text()
+    )
+    assert ft["setting"] == "heads:3 of enc-self, weights refit, 1 epochs, encoder only"
     ref = json.loads((work / "eval" / "finetuned-1ep-enc-s1" / "model.json").read_text())
     assert ref["setting"] == "fine-tuned 1 epochs, encoder only"
     for run in (runs / "full-ft1-enc-s1", runs / "heads3-enc-self" / "ft-enc-s1"):

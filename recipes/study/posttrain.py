@@ -2,7 +2,7 @@
 Framework for Transformers") for the study's tables.
 
     python -m recipes.study.posttrain record --eval-dir EVAL/NAME --run RUN [--method M]
-        [--setting TEXT] [--checkpoint CKPT] [--reference NAME] [--seed S]
+        [--setting TEXT | --after TEXT] [--checkpoint CKPT] [--reference NAME] [--seed S]
     python -m recipes.study.posttrain reference --eval-dir EVAL/NAME --checkpoint CKPT
         --setting TEXT --seed S
 
@@ -62,7 +62,7 @@ def make_record(run: Path, eval_dir: Path, args: argparse.Namespace) -> dict:
                          ("tuning", "tuned")) if not prune.get(key, True))  # fmt: skip
     record = {
         "method": args.method,
-        "setting": args.setting or f"{prune['budget']}{scope}, no retraining",
+        "setting": args.setting or f"{prune['budget']}{scope}, {args.after}",
         "checkpoint": args.checkpoint or str(run / "pruned.pt"),
         "heads": {s: counts[s] for s in SITES if s in counts},
         "ffn": {s: counts[s] for s in FFN_SITES if s in counts},
@@ -115,7 +115,10 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--eval-dir", required=True, help="the evaluation folder (eval/NAME)")
     p.add_argument("--run", required=True, help="the run folder with prune.json, bench.json")
     p.add_argument("--method", default="posttrain", choices=("posttrain", "posttrain+ft"))
-    p.add_argument("--setting", help="the table's setting column (default: the budget)")
+    p.add_argument("--setting", help="the table's setting column (default: the budget, the "
+                   "steps of prune that ran, --after)")  # fmt: skip
+    p.add_argument("--after", default="no retraining", help="what followed prune, for the "
+                   "default setting (e.g. '2 epochs')")  # fmt: skip
     p.add_argument("--checkpoint", help="the evaluated checkpoint (default: RUN/pruned.pt)")
     p.add_argument("--reference", help="NAME of the fair reference (default: the baseline)")
     p.add_argument("--seed", type=int, help="fine-tuning seed (posttrain+ft)")
