@@ -2,11 +2,12 @@
 Transformers"), stage by stage, against the ten-minute goal for 2,000 calibration sentences.
 
 Runs ``fairseq-headprune prune``'s own code (``posttrain.command.run_prune``) on a checkpoint
-at each budget and prints the time of each stage (loading and calibration batches; Fisher
-importance, search and rearrangement; least-squares mask tuning; export) and the total.
+at each budget and with each ``--tune`` (the default weight refit, Kwon et al.'s mask tuning)
+and prints the time of each stage (loading and calibration batches; Fisher importance and
+search; tuning; export) and the total.
 
     python benchmarks/bench_posttrain.py DATA --path CKPT [--budgets macs:0.8 macs:0.6]
-        [--calibration-sentences 2000]
+        [--tune weights masks] [--calibration-sentences 2000]
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ def main() -> None:
     p.add_argument("data", help="fairseq-preprocess output with the calibration subset")
     p.add_argument("--path", required=True, help="the checkpoint to prune")
     p.add_argument("--budgets", nargs="+", default=["macs:0.8", "macs:0.6"])
+    p.add_argument("--tune", nargs="+", default=["weights", "masks"], help="prune --tune values")
     p.add_argument("--calibration-sentences", type=int, default=2000)
     args = p.parse_args()
     prune = argparse.ArgumentParser()
@@ -34,16 +36,18 @@ def main() -> None:
     print(f"torch threads: {torch.get_num_threads()}")
     with tempfile.TemporaryDirectory() as tmp:
         for budget in args.budgets:
-            out = Path(tmp) / "pruned.pt"
-            flags = ["prune", args.data, "--path", args.path, "--budget", budget, "--force",
-                     "--calibration-sentences", str(args.calibration_sentences),
-                     "--out", str(out)]  # fmt: skip
-            torch.manual_seed(1)
-            report = run_prune(prune.parse_args(flags))
-            stages = ", ".join(f"{k} {v:.1f} s" for k, v in report["seconds_by_stage"].items())
-            total = report["seconds"]
-            print(f"{budget}: {report['calibration_sentences']} sentences, {total:.1f} s "
-                  f"({total / GOAL_SECONDS:.2f} of the 10-minute goal): {stages}")  # fmt: skip
+            for tune in args.tune:
+                out = Path(tmp) / "pruned.pt"
+                flags = ["prune", args.data, "--path", args.path, "--budget", budget, "--force",
+                         "--calibration-sentences", str(args.calibration_sentences),
+                         "--tune", tune, "--out", str(out)]  # fmt: skip
+                torch.manual_seed(1)
+                report = run_prune(prune.parse_args(flags))
+                stages = ", ".join(f"{k} {v:.1f} s" for k, v in report["seconds_by_stage"].items())
+                total = report["seconds"]
+                print(f"{budget} --tune {tune}: {report['calibration_sentences']} sentences, "
+                      f"{total:.1f} s ({total / GOAL_SECONDS:.2f} of the 10-minute goal): "
+                      f"{stages}")  # fmt: skip
 
 
 if __name__ == "__main__":
