@@ -221,19 +221,29 @@ def test_weight_refit_lowers_every_layer_reconstruction_error(stock_checkpoint, 
     assert lowered >= len(report) // 2
 
 
-def test_exported_model_equals_the_masked_tuned_model(pruned, stock_checkpoint, tiny_data):
-    out, report = pruned
-    small, task = _load(out, tiny_data)
-    model, _ = _load(stock_checkpoint, tiny_data)
+def _report_masks(model, report: dict) -> Masks:
+    """Masks on ``model`` set to the values a prune report lists."""
     masks = Masks(model)
     masks.set({(k.rsplit(".", 1)[0], int(k.rsplit(".", 1)[1])): torch.tensor(v)
                for k, v in report["masks"].items()})  # fmt: skip
+    return masks
+
+
+def _assert_same_logits(small, model, task) -> None:
     for batch in calibration_batches(task, "valid", 40, 20):
         n = batch["net_input"]
         with torch.no_grad():
             a = small(n["src_tokens"], n["src_lengths"], n["prev_output_tokens"])[0]
             b = model(n["src_tokens"], n["src_lengths"], n["prev_output_tokens"])[0]
         assert (a - b).abs().max() <= 1e-4
+
+
+def test_exported_model_equals_the_masked_tuned_model(pruned, stock_checkpoint, tiny_data):
+    out, report = pruned
+    small, task = _load(out, tiny_data)
+    model, _ = _load(stock_checkpoint, tiny_data)
+    _report_masks(model, report)  # installed on the model
+    _assert_same_logits(small, model, task)
     # physically smaller: widths and parameters follow the kept units
     state = load_state(out)["model"]
     kept = report["kept_heads"]
@@ -259,18 +269,11 @@ def test_weight_refit_is_what_the_exported_model_computes(stock_checkpoint, tiny
     report = json.loads((tmp_path / "r.json").read_text())
     assert report["tune"] == "weights" and report["tuning"] and not report["rearranged"]
     model, task = _load(stock_checkpoint, tiny_data)
-    masks = Masks(model)
-    masks.set({(k.rsplit(".", 1)[0], int(k.rsplit(".", 1)[1])): torch.tensor(v)
-               for k, v in report["masks"].items()})  # fmt: skip
+    masks = _report_masks(model, report)
     assert all(set(v) <= {0.0, 1.0} for v in report["masks"].values())  # nothing to fold
     refit(model, masks, calibration_batches(task, "train", 96, 32, 1))
     small, _ = _load(out, tiny_data)
-    for batch in calibration_batches(task, "valid", 40, 20):
-        n = batch["net_input"]
-        with torch.no_grad():
-            a = small(n["src_tokens"], n["src_lengths"], n["prev_output_tokens"])[0]
-            b = model(n["src_tokens"], n["src_lengths"], n["prev_output_tokens"])[0]
-        assert (a - b).abs().max() <= 1e-4
+    _assert_same_logits(small, model, task)
 
 
 def test_pruned_checkpoint_generates_and_trains_with_stock_clis(pruned, tiny_data, tmp_path):
