@@ -16,8 +16,9 @@
 #                  ($RUNS_DIR/full-ft<FT_EPOCHS>-s<SEED>, evaluated as
 #                  finetuned-<FT_EPOCHS>ep-s<SEED>),
 #                  the fine-tuned models' fair reference.
-#   PRUNE_ARGS     more flags of `fairseq-headprune prune` (e.g. --rearrange --tune masks), with VARIANT
-#                  a name for them appended to the tag (posttrain-heads24-norearr) [none]
+#   PRUNE_ARGS     more flags of `fairseq-headprune prune` (e.g. --rearrange --tune masks),
+#                  with VARIANT a name for them appended to the tag (posttrain-heads24-kwon)
+#                  [none]
 #   SITES          prune only these attention types / FFN kinds (prune --sites, e.g. enc-self;
 #                  the evaluation is named posttrain-<budget>-<sites>) [all]
 #   MICHEL         1: for each budget, also Michel et al. 2019's iterative importance pruning
