@@ -412,3 +412,50 @@ def test_bench_predicts_the_decoder_speedup_of_pruned_neurons(pruned, stock_chec
     assert bench["params"]["pruned"] < bench["params"]["full"]
     assert bench["mac_allowed_speedup"] > rows["generate beam 5"]["predicted"] > 1
     assert "the MAC model's limit for beam search" in proc.stdout
+
+
+def test_weight_refit_of_a_gated_checkpoint(stock_checkpoint, tiny_data, tmp_path):
+    """A gated_transformer whose trained gates are not 1: the refit fits the gated heads and
+    export folds the gates' fixed factor into the refit columns, so the exported model still
+    computes what the masked, refit model does."""
+    ckpt = train(tiny_data, tmp_path / "gated", "--criterion", "label_smoothed_cross_entropy_l0",
+                 "--label-smoothing", "0.1", "--l0-lambda", "0.5", "--head-gates", "enc-self",
+                 "--head-gate-lr-scale", "50", "--finetune-from-model", stock_checkpoint,
+                 "--max-update", "6", "--allow-slow-gates", arch="gated_transformer")  # fmt: skip
+    state = load_state(ckpt)
+    for name in state["model"]:
+        if name.endswith("head_gate.theta"):  # log α = 50·θ in [-1, 1]: gates in (0, 1)
+            state["model"][name] = torch.linspace(-1.0, 1.0, len(state["model"][name])) / 50
+    ckpt = tmp_path / "gated.pt"
+    torch.save(state, ckpt)
+    model, task = _load(ckpt, tiny_data)
+    base = Masks(model).base(("enc-self", 0))
+    assert not torch.allclose(base, torch.ones_like(base))  # the gates are a real factor
+    out = tmp_path / "refit.pt"
+    proc = _prune(tiny_data, ckpt, out, "--budget", "macs:0.6", "--json-out", tmp_path / "r.json")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    report = json.loads((tmp_path / "r.json").read_text())
+    model, task = _load(ckpt, tiny_data)
+    masks = _report_masks(model, report)
+    originals = {n: p.detach().clone() for n, p in model.named_parameters()}
+    batches = calibration_batches(task, "train", 96, 32, 1)
+    _, weights = refit(model, masks, batches)
+    small, _ = _load(out, tiny_data)
+    _assert_same_logits(small, model, task)
+    # the refit fits the gated heads: each gated layer, fed the same inputs, is closer to the
+    # unpruned model with its refit out_proj than with the original one
+    reference, _ = _load(ckpt, tiny_data)
+    ref_masks = Masks(reference)
+    params = dict(model.named_parameters())
+    for unit in (("enc-self", 0), ("enc-self", 1)):
+        teacher = _unit_output(reference, ref_masks, unit, batches, ref_masks.values[unit])
+        errs = []
+        for use_original in (True, False):
+            with torch.no_grad():
+                for n in weights:
+                    if n.startswith(module_prefix(unit) + "."):
+                        params[n].copy_(originals[n] if use_original else weights[n])
+            outs = _unit_output(model, masks, unit, batches, masks.values[unit])
+            errs.append(sum(float(((o - t) ** 2).sum()) for o, t in zip(outs, teacher)))
+        scale = sum(float((t**2).sum()) for t in teacher)  # float32 round-off of a refit
+        assert errs[1] <= errs[0] * (1 + 1e-5) + 1e-7 * scale, unit
