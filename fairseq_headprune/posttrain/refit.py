@@ -22,9 +22,8 @@ from torch import Tensor, nn
 
 from fairseq_headprune.posttrain.masks import Masks
 from fairseq_headprune.posttrain.tuning import (
-    capture,
-    real_positions,
     relative_error,
+    residual_target,
     tuning_order,
     unit_modules,
 )
@@ -93,12 +92,9 @@ def refit(model: nn.Module, masks: Masks, batches: list[dict]) -> tuple[dict, di
         cross = torch.zeros(size, proj.out_features, dtype=torch.float64)
         tt = 0.0
         for batch in batches:
-            real = real_positions(unit, batch, pad)
-            with original_weights(originals):
-                teacher = capture(model, masks, unit, batch, teacher=True)
-            got = capture(model, masks, unit, batch, teacher=False)
-            t = teacher["y"] + teacher["residual"] - got["residual"]
-            t = t.reshape(-1, t.shape[-1])[real].double()  # (N, E)
+            got, real, t = residual_target(
+                model, masks, unit, batch, pad, lambda: original_weights(originals)
+            )
             a = features(masks, unit, got, keep, real, bias)
             gram += a.t() @ a
             cross += a.t() @ t

@@ -15,6 +15,7 @@ x, not only to reproduce layer(x'). The solution is ridge-regularised towards 1 
 from __future__ import annotations
 
 import logging
+from contextlib import nullcontext
 
 import torch
 from torch import Tensor, nn
@@ -129,6 +130,21 @@ def capture(model, masks: Masks, unit: Unit, batch: dict, teacher: bool) -> dict
     return got
 
 
+def residual_target(
+    model, masks: Masks, unit: Unit, batch: dict, pad: int, teacher_weights=nullcontext
+) -> tuple[dict, Tensor, Tensor]:
+    """(the pruned model's :func:`capture`, its real positions, the target (N, E) there): what
+    ``unit``'s projection must output for the pruned layer to reproduce the unpruned model's
+    residual sum x' + layer(x'), i.e. y' + x' − x. ``teacher_weights``: a context that puts the
+    unpruned model's weights in place for the teacher pass."""
+    real = real_positions(unit, batch, pad)
+    with teacher_weights():
+        teacher = capture(model, masks, unit, batch, teacher=True)
+    got = capture(model, masks, unit, batch, teacher=False)
+    t = teacher["y"] + teacher["residual"] - got["residual"]
+    return got, real, t.reshape(-1, t.shape[-1])[real].double()
+
+
 def gram_terms(model, masks: Masks, unit: Unit, got: dict, keep: Tensor, real: Tensor, t: Tensor):
     """(AᵀA, Aᵀt) of one batch: A's column i is kept unit i's additive share of the
     projection output at every real position (``t``: (N, E) targets at those positions)."""
@@ -157,11 +173,7 @@ def normal_equations(
     rhs = torch.zeros(len(keep), dtype=torch.float64)
     tt = 0.0
     for batch in batches:
-        real = real_positions(unit, batch, pad)
-        teacher = capture(model, masks, unit, batch, teacher=True)
-        got = capture(model, masks, unit, batch, teacher=False)
-        t = teacher["y"] + teacher["residual"] - got["residual"]
-        t = t.reshape(-1, t.shape[-1])[real].double()  # (N, E)
+        got, real, t = residual_target(model, masks, unit, batch, pad)
         if proj.bias is not None:
             t = t - proj.bias.detach().double()
         g, r = gram_terms(model, masks, unit, got, keep, real, t)
