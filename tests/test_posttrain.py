@@ -184,6 +184,25 @@ def test_least_squares_tuning_lowers_every_layer_reconstruction_error(stock_chec
     assert lowered >= len(report) // 2
 
 
+def _refit_errors(model, masks, unit, batches, reference, originals, weights):
+    """([squared error with ``unit``'s original projection, with its refit one], ‖teacher‖²):
+    the distance of what ``unit``'s layer norm receives in ``model`` to the same in the
+    unpruned ``reference`` (model, masks), at the unit's current masks."""
+    ref_model, ref_masks = reference
+    teacher = _unit_output(ref_model, ref_masks, unit, batches, ref_masks.values[unit])
+    params = dict(model.named_parameters())
+    proj = [n for n in weights if n.startswith(module_prefix(unit) + ".")
+            and (".fc2." in n) == unit[0].endswith("ffn")]  # fmt: skip
+    errs = []
+    for use_original in (True, False):
+        with torch.no_grad():
+            for n in proj:
+                params[n].copy_(originals[n] if use_original else weights[n])
+        outs = _unit_output(model, masks, unit, batches, masks.values[unit])
+        errs.append(sum(float(((o - t) ** 2).sum()) for o, t in zip(outs, teacher)))
+    return errs, sum(float((t**2).sum()) for t in teacher)
+
+
 def test_weight_refit_lowers_every_layer_reconstruction_error(stock_checkpoint, tiny_data):
     """--tune weights: with every earlier layer refit, each refit layer reproduces the
     unpruned model's residual sum at least as well as its original weights, and most much
@@ -201,21 +220,11 @@ def test_weight_refit_lowers_every_layer_reconstruction_error(stock_checkpoint, 
     report, weights = refit(model, masks, batches)
     assert set(weights) and all(n.endswith((".fc2.weight", ".fc2.bias", ".out_proj.weight",
                                             ".out_proj.bias")) for n in weights)  # fmt: skip
-    params = dict(model.named_parameters())
     ref_masks = Masks(reference)
     lowered = 0
     for unit in report:
-        teacher = _unit_output(reference, ref_masks, unit, batches, ref_masks.values[unit])
-        errs = []
-        for use_original in (True, False):
-            proj = [n for n in weights if n.startswith(module_prefix(unit) + ".")
-                    and (".fc2." in n) == unit[0].endswith("ffn")]  # fmt: skip
-            with torch.no_grad():
-                for n in proj:
-                    params[n].copy_(originals[n] if use_original else weights[n])
-            outs = _unit_output(model, masks, unit, batches, keep[unit].float())
-            errs.append(sum(float(((o - t) ** 2).sum()) for o, t in zip(outs, teacher)))
-        scale = sum(float((t**2).sum()) for t in teacher)  # float32 round-off of a refit
+        errs, scale = _refit_errors(model, masks, unit, batches, (reference, ref_masks),
+                                    originals, weights)  # fmt: skip
         assert errs[1] <= errs[0] * (1 + 1e-5) + 1e-7 * scale, unit
         lowered += errs[1] < 0.9 * errs[0]
     assert lowered >= len(report) // 2
@@ -446,16 +455,7 @@ def test_weight_refit_of_a_gated_checkpoint(stock_checkpoint, tiny_data, tmp_pat
     # unpruned model with its refit out_proj than with the original one
     reference, _ = _load(ckpt, tiny_data)
     ref_masks = Masks(reference)
-    params = dict(model.named_parameters())
     for unit in (("enc-self", 0), ("enc-self", 1)):
-        teacher = _unit_output(reference, ref_masks, unit, batches, ref_masks.values[unit])
-        errs = []
-        for use_original in (True, False):
-            with torch.no_grad():
-                for n in weights:
-                    if n.startswith(module_prefix(unit) + "."):
-                        params[n].copy_(originals[n] if use_original else weights[n])
-            outs = _unit_output(model, masks, unit, batches, masks.values[unit])
-            errs.append(sum(float(((o - t) ** 2).sum()) for o, t in zip(outs, teacher)))
-        scale = sum(float((t**2).sum()) for t in teacher)  # float32 round-off of a refit
+        errs, scale = _refit_errors(model, masks, unit, batches, (reference, ref_masks),
+                                    originals, weights)  # fmt: skip
         assert errs[1] <= errs[0] * (1 + 1e-5) + 1e-7 * scale, unit
