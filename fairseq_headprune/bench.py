@@ -68,14 +68,25 @@ def _time(fn, batches: list[dict]) -> float:
     return time.perf_counter() - t0
 
 
-def generated_tokens(task, gen, model, batches: list[dict]) -> int:
-    """Tokens of the best hypotheses: a pruned model may translate shorter or longer."""
-    with torch.inference_mode():
-        return sum(
-            len(hypos[0]["tokens"])
-            for b in batches
-            for hypos in task.inference_step(gen, [model], b)
-        )
+def search_work(task, gen, model, batches: list[dict]) -> dict[str, int]:
+    """What beam search did: tokens of the best hypotheses (a pruned model may translate
+    shorter or longer), decoder steps (a batch runs until its last sentence is done) and
+    hypothesis-steps (rows through the decoder, summed over steps)."""
+    work = {"tokens": 0, "steps": 0, "hypothesis_steps": 0}
+
+    def count(layer, args):
+        work["steps"] += 1
+        work["hypothesis_steps"] += args[0].shape[1]  # x: (T, B, C)
+
+    handle = model.decoder.layers[0].register_forward_pre_hook(count)
+    try:
+        with torch.inference_mode():
+            for b in batches:
+                hypos = task.inference_step(gen, [model], b)
+                work["tokens"] += sum(len(h[0]["tokens"]) for h in hypos)
+    finally:
+        handle.remove()
+    return work
 
 
 def best_of(fns: dict, batches: list[dict], repeats: int) -> dict[str, float]:
@@ -214,8 +225,9 @@ def timed_rows(
 
     gen = best_of({n: generate(n) for n in models}, gen_batches, max(1, args.repeats - 1))
     row = _row(f"generate beam {args.beam}", bs, n_gen, gen, predicted["generate"])
-    for n, m in models.items():  # output length, to compare per generated token
-        row[f"{n}_tokens"] = generated_tokens(task, gens[n], m, gen_batches)
+    for n, m in models.items():  # output length and search work, per model
+        for key, value in search_work(task, gens[n], m, gen_batches).items():
+            row[f"{n}_{key}"] = value
     rows.append(row)
     # the decoder's share: beam search minus the encoder on the same sentences
     if n_gen != len(items):
@@ -264,6 +276,12 @@ def format_report(r: dict) -> str:
                 f"  batch {row['batch']}: generated tokens full {row['full_tokens']}, pruned "
                 f"{row['pruned_tokens']}; speed-up per generated token {per_tok:.3f}x"
             )
+            if "full_steps" in row:
+                lines.append(
+                    f"  batch {row['batch']}: decoder steps full {row['full_steps']}, pruned "
+                    f"{row['pruned_steps']}; hypothesis-steps full "
+                    f"{row['full_hypothesis_steps']}, pruned {row['pruned_hypothesis_steps']}"
+                )
     if "mac_allowed_speedup" in r:
         lines.append(
             "the MAC model's limit for beam search (every head and FFN neuron removed, the "

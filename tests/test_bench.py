@@ -1,10 +1,12 @@
 """The bench command's FLOP model against torch's own FLOP counter, and a smoke run."""
 
 import json
+from argparse import Namespace
 
 import torch
 from torch.utils.flop_counter import FlopCounterMode
 
+from fairseq_headprune.bench import load, make_batches, search_work, sentences
 from fairseq_headprune.macs import encoder_macs
 from fairseq_headprune.pruning import resize_attention
 from tests.helpers import build_model, cli
@@ -50,3 +52,29 @@ def test_bench_command_reports_every_measure(stock_checkpoint, tiny_data, tmp_pa
     assert report["params"]["full"] - report["params"]["pruned"] == 5 * (3 * (16 * 4 + 4) + 16 * 4)
     assert report["peak_rss_bytes"]["full"] > 0
     assert "incremental decoder state" in out
+    generate = [r for r in report["rows"] if r["what"] == measures[1]]
+    assert all(r[f"{n}_steps"] > 0 for r in generate for n in ("full", "pruned"))
+    assert "decoder steps full" in out
+
+
+def test_search_work_counts_the_steps_beam_search_ran(stock_checkpoint, tiny_data):
+    model, task = load(str(stock_checkpoint), str(tiny_data))
+    gen = task.build_generator([model], Namespace(beam=3))
+    items = sentences(task, "valid", 6)
+    longest = []
+    for batch in make_batches(task, "valid", items, 1):
+        work = search_work(task, gen, model, [batch])
+        with torch.inference_mode():
+            (hypos,) = task.inference_step(gen, [model], batch)
+        # one sentence: the search stops with its longest finished hypothesis, every step
+        # with all beam rows; the best hypothesis is one of them
+        longest.append(max(len(h["tokens"]) for h in hypos))
+        assert work == {
+            "tokens": len(hypos[0]["tokens"]),
+            "steps": longest[-1],
+            "hypothesis_steps": 3 * longest[-1],
+        }
+    # one batch of all: as many steps as its longest sentence, finished sentences leave
+    work = search_work(task, gen, model, make_batches(task, "valid", items, len(items)))
+    assert work["steps"] == max(longest)
+    assert work["hypothesis_steps"] == 3 * sum(longest)
