@@ -9,38 +9,25 @@ from argparse import Namespace
 import pytest
 import torch
 import torch.nn.functional as F
-from fairseq import checkpoint_utils
 
 import fairseq_headprune  # noqa: F401  registers the plugin, as --user-dir does
 from fairseq_headprune.errors import HeadpruneError
 from fairseq_headprune.macs import mac_terms
 from fairseq_headprune.posttrain.fisher import calibration_batches, fisher
 from fairseq_headprune.posttrain.masks import Masks
-from fairseq_headprune.posttrain.refit import refit
 from fairseq_headprune.posttrain.search import (
     parse_budget,
-    pruned_loss,
-    rearrange,
     search_cost,
-    search_heads,
 )
 from fairseq_headprune.posttrain.tuning import tune
-from fairseq_headprune.sites import module_prefix
 from tests.helpers import TINY_ARCH, TRAIN_COMMON, USER_DIR, cli, load_state, train
-
-
-def _load(path, data):
-    (model,), _, task = checkpoint_utils.load_model_ensemble_and_task(
-        [str(path)], arg_overrides={"data": str(data)}
-    )
-    return model.eval(), task
-
-
-def _prune(data, ckpt, out, *args):
-    return cli(
-        "fairseq-headprune", "prune", data, "--path", ckpt, "--out", out,
-        "--calibration-sentences", "96", *args, check=False,
-    )  # fmt: skip
+from tests.posttrain_helpers import (
+    assert_same_logits,
+    load_model,
+    prune,
+    report_masks,
+    unit_output,
+)
 
 
 @pytest.fixture(scope="module")
@@ -48,7 +35,7 @@ def pruned(stock_checkpoint, tiny_data, tmp_path_factory):
     """The stock model pruned to 50% of its attention + FFN multiply-adds by Kwon et al.'s
     steps (rearrangement, mask tuning), and its report."""
     out = tmp_path_factory.mktemp("posttrain") / "p50.pt"
-    proc = _prune(tiny_data, stock_checkpoint, out, "--budget", "macs:0.5", "--rearrange",
+    proc = prune(tiny_data, stock_checkpoint, out, "--budget", "macs:0.5", "--rearrange",
                   "--tune", "masks", "--json-out", f"{out}.json")  # fmt: skip
     assert proc.returncode == 0, proc.stderr[-3000:]
     return out, json.loads(out.with_name(out.name + ".json").read_text())
@@ -65,7 +52,7 @@ def test_fisher_matches_an_independent_gradient(stock_checkpoint, tiny_data):
     """diag Fisher = Σ_batches (∂L/∂m)². Independently: a mask m on head h scales the columns
     of out_proj that head h feeds (on neuron j: fc2's column j), so ∂L/∂m = Σ W ⊙ ∂L/∂W over
     those columns, from ordinary weight gradients of a model without masks or hooks."""
-    model, task = _load(stock_checkpoint, tiny_data)
+    model, task = load_model(stock_checkpoint, tiny_data)
     model = model.double()
     batches = calibration_batches(task, "train", 16, 8)
     plain = copy.deepcopy(model)
@@ -94,70 +81,10 @@ def test_fisher_matches_an_independent_gradient(stock_checkpoint, tiny_data):
     assert float(torch.linalg.eigvalsh(block).min()) >= -1e-12 * float(block.diagonal().max())
 
 
-def test_search_respects_the_budget_and_keeps_a_cross_attention_head():
-    g = torch.Generator().manual_seed(0)
-    importance = {(s, i): torch.rand(4, generator=g) for s in ("enc-self", "dec-self")
-                  for i in range(2)}  # fmt: skip
-    importance |= {("dec-enc", i): torch.full((4,), 1e-6) for i in range(2)}  # unimportant
-    importance |= {(s, i): torch.rand(16, generator=g) for s in ("enc-ffn", "dec-ffn")
-                   for i in range(2)}  # fmt: skip
-    cost = {u: (3.0 if u[0] in ("enc-ffn", "dec-ffn") else 40.0) * (1 + u[1]) for u in importance}
-    full = sum(cost[u] * len(t) for u, t in importance.items())
-    for fraction in (0.9, 0.5, 0.2, 0.08):
-        keep = search_cost(importance, cost, fraction * full)
-        assert sum(cost[u] * int(k.sum()) for u, k in keep.items()) <= fraction * full
-        assert all(int(keep["dec-enc", i].sum()) >= 1 for i in range(2))
-    free = search_cost(importance, cost, 0.2 * full, allow_empty_cross=True)
-    assert sum(int(free["dec-enc", i].sum()) for i in range(2)) == 0
-    with pytest.raises(HeadpruneError, match="too small"):
-        search_cost(importance, cost, 50.0)
-    heads = search_heads(importance, 5)
-    assert sum(int(heads[u].sum()) for u in heads if u[0] in ("enc-self", "dec-self")) == 3
-    assert all(int(heads["dec-enc", i].sum()) == 1 for i in range(2))
-    assert all(bool(heads[u].all()) for u in heads if u[0].endswith("ffn"))
-
-
-def test_rearrangement_keeps_the_count_and_lowers_the_loss_estimate():
-    g = torch.Generator().manual_seed(1)
-    grads = torch.randn(50, 8, generator=g, dtype=torch.float64)
-    grads[:, 2] = grads[:, 5]  # two redundant units: pruning both costs more than one
-    block = grads.t() @ grads
-    mask = torch.tensor([True] * 4 + [False] * 4)
-    new = rearrange(mask, block)
-    assert int(new.sum()) == 4
-    assert pruned_loss(block, ~new) <= pruned_loss(block, ~mask)
-
-
-_NORM_AFTER = {"enc-self": "self_attn_layer_norm", "dec-self": "self_attn_layer_norm",
-               "dec-enc": "encoder_attn_layer_norm", "enc-ffn": "final_layer_norm",
-               "dec-ffn": "final_layer_norm"}  # fmt: skip
-
-
-def _unit_output(model, masks, unit, batches, values):
-    """What the unit's layer norm receives (residual + the unit's output; the tiny model is
-    post-norm), at the real positions of every batch, with the unit's masks ``values``."""
-    site, i = unit
-    layer = (model.encoder if site.startswith("enc") else model.decoder).layers[i]
-    norm = getattr(layer, _NORM_AFTER[site])
-    masks.set({unit: values})
-    outs = []
-    handle = norm.register_forward_pre_hook(lambda m, i: outs.append(i[0].detach().clone()))
-    pad = model.decoder.dictionary.pad()
-    real = []
-    with torch.no_grad():
-        for b in batches:
-            n = b["net_input"]
-            tokens = n["src_tokens"] if site.startswith("enc") else n["prev_output_tokens"]
-            real.append((tokens != pad).t())  # (T, B) like the layer's tensors
-            model(n["src_tokens"], n["src_lengths"], n["prev_output_tokens"])
-    handle.remove()
-    return [o[r] for o, r in zip(outs, real)]
-
-
 def test_least_squares_tuning_lowers_every_layer_reconstruction_error(stock_checkpoint, tiny_data):
     """Each tuned layer, fed the pruned model's inputs, reproduces the unpruned model's
     residual sum (what its layer norm receives) at least as well as the 0/1 masks."""
-    model, task = _load(stock_checkpoint, tiny_data)
+    model, task = load_model(stock_checkpoint, tiny_data)
     batches = calibration_batches(task, "train", 48, 16)
     masks = Masks(model)
     diag, _ = fisher(model, masks, batches)
@@ -171,88 +98,25 @@ def test_least_squares_tuning_lowers_every_layer_reconstruction_error(stock_chec
     teacher = {}
     for unit in report:  # the unpruned model's outputs: every mask 1
         masks.set(masks.ones())
-        teacher[unit] = _unit_output(model, masks, unit, batches, torch.ones_like(tuned[unit]))
+        teacher[unit] = unit_output(model, masks, unit, batches, torch.ones_like(tuned[unit]))
     lowered = 0
     for unit in report:
         masks.set(tuned)
         errs = []
         for values in (keep[unit].float(), tuned[unit]):
-            outs = _unit_output(model, masks, unit, batches, values)
+            outs = unit_output(model, masks, unit, batches, values)
             errs.append(sum(float(((o - t) ** 2).sum()) for o, t in zip(outs, teacher[unit])))
         assert errs[1] <= errs[0] * (1 + 1e-5), unit
         lowered += errs[1] < 0.99 * errs[0]
     assert lowered >= len(report) // 2
 
 
-def _refit_errors(model, masks, unit, batches, reference, originals, weights):
-    """([squared error with ``unit``'s original projection, with its refit one], ‖teacher‖²):
-    the distance of what ``unit``'s layer norm receives in ``model`` to the same in the
-    unpruned ``reference`` (model, masks), at the unit's current masks."""
-    ref_model, ref_masks = reference
-    teacher = _unit_output(ref_model, ref_masks, unit, batches, ref_masks.values[unit])
-    params = dict(model.named_parameters())
-    proj = [n for n in weights if n.startswith(module_prefix(unit) + ".")
-            and (".fc2." in n) == unit[0].endswith("ffn")]  # fmt: skip
-    errs = []
-    for use_original in (True, False):
-        with torch.no_grad():
-            for n in proj:
-                params[n].copy_(originals[n] if use_original else weights[n])
-        outs = _unit_output(model, masks, unit, batches, masks.values[unit])
-        errs.append(sum(float(((o - t) ** 2).sum()) for o, t in zip(outs, teacher)))
-    return errs, sum(float((t**2).sum()) for t in teacher)
-
-
-def test_weight_refit_lowers_every_layer_reconstruction_error(stock_checkpoint, tiny_data):
-    """--tune weights: with every earlier layer refit, each refit layer reproduces the
-    unpruned model's residual sum at least as well as its original weights, and most much
-    better; the unpruned model (another copy) is the reference."""
-    model, task = _load(stock_checkpoint, tiny_data)
-    reference, _ = _load(stock_checkpoint, tiny_data)
-    batches = calibration_batches(task, "train", 48, 16)
-    masks = Masks(model)
-    diag, _ = fisher(model, masks, batches)
-    _, terms = mac_terms(model, 7, 7, 5)
-    cost = {u: float(c) for u, (c, _) in terms.items()}
-    keep = search_cost(diag, cost, 0.4 * sum(c * n for c, n in terms.values()))
-    masks.set({u: k.float() for u, k in keep.items()})
-    originals = {n: p.detach().clone() for n, p in model.named_parameters()}
-    report, weights = refit(model, masks, batches)
-    assert set(weights) and all(n.endswith((".fc2.weight", ".fc2.bias", ".out_proj.weight",
-                                            ".out_proj.bias")) for n in weights)  # fmt: skip
-    ref_masks = Masks(reference)
-    lowered = 0
-    for unit in report:
-        errs, scale = _refit_errors(model, masks, unit, batches, (reference, ref_masks),
-                                    originals, weights)  # fmt: skip
-        assert errs[1] <= errs[0] * (1 + 1e-5) + 1e-7 * scale, unit
-        lowered += errs[1] < 0.9 * errs[0]
-    assert lowered >= len(report) // 2
-
-
-def _report_masks(model, report: dict) -> Masks:
-    """Masks on ``model`` set to the values a prune report lists."""
-    masks = Masks(model)
-    masks.set({(k.rsplit(".", 1)[0], int(k.rsplit(".", 1)[1])): torch.tensor(v)
-               for k, v in report["masks"].items()})  # fmt: skip
-    return masks
-
-
-def _assert_same_logits(small, model, task) -> None:
-    for batch in calibration_batches(task, "valid", 40, 20):
-        n = batch["net_input"]
-        with torch.no_grad():
-            a = small(n["src_tokens"], n["src_lengths"], n["prev_output_tokens"])[0]
-            b = model(n["src_tokens"], n["src_lengths"], n["prev_output_tokens"])[0]
-        assert (a - b).abs().max() <= 1e-4
-
-
 def test_exported_model_equals_the_masked_tuned_model(pruned, stock_checkpoint, tiny_data):
     out, report = pruned
-    small, task = _load(out, tiny_data)
-    model, _ = _load(stock_checkpoint, tiny_data)
-    _report_masks(model, report)  # installed on the model
-    _assert_same_logits(small, model, task)
+    small, task = load_model(out, tiny_data)
+    model, _ = load_model(stock_checkpoint, tiny_data)
+    report_masks(model, report)  # installed on the model
+    assert_same_logits(small, model, task)
     # physically smaller: widths and parameters follow the kept units
     state = load_state(out)["model"]
     kept = report["kept_heads"]
@@ -266,23 +130,6 @@ def test_exported_model_equals_the_masked_tuned_model(pruned, stock_checkpoint, 
     full = sum(c * n for c, n in mac_terms(model, *args)[1].values())
     assert sum(c * n for c, n in mac_terms(small, *args)[1].values()) <= 0.5 * full
     assert all(len(rows) >= 1 for rows in kept["dec-enc"])
-
-
-def test_weight_refit_is_what_the_exported_model_computes(stock_checkpoint, tiny_data, tmp_path):
-    """prune (--tune weights) writes the refit out_proj / fc2 weights and biases: the exported
-    model's logits equal the masked model refit in-process on the same calibration batches."""
-    out = tmp_path / "refit.pt"
-    proc = _prune(tiny_data, stock_checkpoint, out, "--budget", "macs:0.5",  # the defaults
-                  "--json-out", tmp_path / "r.json")  # fmt: skip
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    report = json.loads((tmp_path / "r.json").read_text())
-    assert report["tune"] == "weights" and report["tuning"] and not report["rearranged"]
-    model, task = _load(stock_checkpoint, tiny_data)
-    masks = _report_masks(model, report)
-    assert all(set(v) <= {0.0, 1.0} for v in report["masks"].values())  # nothing to fold
-    refit(model, masks, calibration_batches(task, "train", 96, 32, 1))
-    small, _ = _load(out, tiny_data)
-    _assert_same_logits(small, model, task)
 
 
 def test_pruned_checkpoint_generates_and_trains_with_stock_clis(pruned, tiny_data, tmp_path):
@@ -306,7 +153,7 @@ def test_stock_arch_preset_and_head_budget(tiny_data, tmp_path):
     ckpt = train(tiny_data, tmp_path / "iwslt", "--max-update", "10",
                  arch="transformer_iwslt_de_en")  # fmt: skip
     out = tmp_path / "h5.pt"
-    proc = _prune(tiny_data, ckpt, out, "--budget", "heads:5", "--json-out", f"{out}.json")
+    proc = prune(tiny_data, ckpt, out, "--budget", "heads:5", "--json-out", f"{out}.json")
     assert proc.returncode == 0, proc.stderr[-3000:]
     kept = json.loads(out.with_name("h5.pt.json").read_text())["kept_heads"]
     assert sum(len(r) for s in ("enc-self", "dec-self", "dec-enc") for r in kept[s]) == 5
@@ -319,7 +166,7 @@ def test_sites_limit_what_the_search_prunes(stock_checkpoint, tiny_data, tmp_pat
     left whole first and prunes only the named ones."""
     full = load_state(stock_checkpoint)["model"]
     out = tmp_path / "enc3.pt"
-    proc = _prune(tiny_data, stock_checkpoint, out, "--budget", "heads:3", "--sites", "enc-self",
+    proc = prune(tiny_data, stock_checkpoint, out, "--budget", "heads:3", "--sites", "enc-self",
                   "--json-out", f"{out}.json")  # fmt: skip
     assert proc.returncode == 0, proc.stderr[-3000:]
     report = json.loads(out.with_name("enc3.pt.json").read_text())
@@ -332,7 +179,7 @@ def test_sites_limit_what_the_search_prunes(stock_checkpoint, tiny_data, tmp_pat
         assert [len(r) for r in kept[site]] == [full[f"{key}.layers.0.fc1.weight"].shape[0]] * 2
 
     out = tmp_path / "ffn.pt"
-    proc = _prune(tiny_data, stock_checkpoint, out, "--budget", "macs:0.8", "--sites",
+    proc = prune(tiny_data, stock_checkpoint, out, "--budget", "macs:0.8", "--sites",
                   "enc-ffn,dec-ffn", "--json-out", f"{out}.json")  # fmt: skip
     assert proc.returncode == 0, proc.stderr[-3000:]
     report = json.loads(out.with_name("ffn.pt.json").read_text())
@@ -348,7 +195,7 @@ def test_sites_limit_what_the_search_prunes(stock_checkpoint, tiny_data, tmp_pat
         ("dec-ffn", "macs:0.1", "--budget: too small: the units kept whole (--sites)"),
     ):
         out = tmp_path / "bad.pt"
-        proc = _prune(tiny_data, stock_checkpoint, out, "--budget", budget, "--sites", sites)
+        proc = prune(tiny_data, stock_checkpoint, out, "--budget", budget, "--sites", sites)
         last = proc.stderr.strip().splitlines()[-1]
         assert proc.returncode != 0 and message in last, proc.stderr[-2000:]
         assert not out.exists()
@@ -357,19 +204,19 @@ def test_sites_limit_what_the_search_prunes(stock_checkpoint, tiny_data, tmp_pat
 def test_bad_input(stock_checkpoint, tiny_data, tmp_path):
     out = tmp_path / "x.pt"
     for budget in ("macs:0", "macs:1.5", "flops:0.5", "heads:0", "heads:99"):
-        proc = _prune(tiny_data, stock_checkpoint, out, "--budget", budget)
+        proc = prune(tiny_data, stock_checkpoint, out, "--budget", budget)
         assert proc.returncode != 0 and "--budget" in proc.stderr, proc.stderr[-2000:]
         assert len(proc.stderr.strip().splitlines()) == 1 or "error: --budget" in proc.stderr
-    proc = _prune(tiny_data, stock_checkpoint, out, "--budget", "macs:0.5", "--subset", "nope")
+    proc = prune(tiny_data, stock_checkpoint, out, "--budget", "macs:0.5", "--subset", "nope")
     assert proc.returncode != 0 and "--subset nope" in proc.stderr
     lm = tmp_path / "lm.pt"
     torch.save({"model": {"decoder.layers.0.fc1.weight": torch.zeros(2, 2)},
                 "cfg": {"model": Namespace(arch="transformer_lm")}}, lm)  # fmt: skip
-    proc = _prune(tiny_data, lm, out, "--budget", "macs:0.5")
+    proc = prune(tiny_data, lm, out, "--budget", "macs:0.5")
     assert proc.returncode != 0 and f"--path {lm}" in proc.stderr
     assert not out.exists()
     out.write_text("keep me")
-    proc = _prune(tiny_data, stock_checkpoint, out, "--budget", "macs:0.5")
+    proc = prune(tiny_data, stock_checkpoint, out, "--budget", "macs:0.5")
     assert proc.returncode != 0 and "--force" in proc.stderr and out.read_text() == "keep me"
     with pytest.raises(HeadpruneError):
         parse_budget("macs:abc")
@@ -381,7 +228,7 @@ def test_latency_budget(stock_checkpoint, tiny_data, tmp_path, monkeypatch):
     from fairseq_headprune.posttrain import command
     from fairseq_headprune.posttrain.latency import latency_terms
 
-    model, task = _load(stock_checkpoint, tiny_data)
+    model, task = load_model(stock_checkpoint, tiny_data)
     batch = calibration_batches(task, "valid", 8, 8)[0]
     full, constant, terms = latency_terms(model, batch, beam=2, steps=4, repeats=1)
     assert full > 0 and 0 <= constant <= full
@@ -400,7 +247,7 @@ def test_latency_budget(stock_checkpoint, tiny_data, tmp_path, monkeypatch):
     # neurons explain is timing noise, so only latency:1 (the full model's own time, which
     # every measurement allows) is feasible on every machine, and it keeps everything.
     out = tmp_path / "lat.pt"
-    proc = _prune(tiny_data, stock_checkpoint, out, "--budget", "latency:1",
+    proc = prune(tiny_data, stock_checkpoint, out, "--budget", "latency:1",
                   "--latency-batch-size", "4", "--json-out", f"{out}.json")  # fmt: skip
     assert proc.returncode == 0, proc.stderr[-3000:]
     report = json.loads(out.with_name("lat.pt.json").read_text())
@@ -421,41 +268,3 @@ def test_bench_predicts_the_decoder_speedup_of_pruned_neurons(pruned, stock_chec
     assert bench["params"]["pruned"] < bench["params"]["full"]
     assert bench["mac_allowed_speedup"] > rows["generate beam 5"]["predicted"] > 1
     assert "the MAC model's limit for beam search" in proc.stdout
-
-
-def test_weight_refit_of_a_gated_checkpoint(stock_checkpoint, tiny_data, tmp_path):
-    """A gated_transformer whose trained gates are not 1: the refit fits the gated heads and
-    export folds the gates' fixed factor into the refit columns, so the exported model still
-    computes what the masked, refit model does."""
-    ckpt = train(tiny_data, tmp_path / "gated", "--criterion", "label_smoothed_cross_entropy_l0",
-                 "--label-smoothing", "0.1", "--l0-lambda", "0.5", "--head-gates", "enc-self",
-                 "--head-gate-lr-scale", "50", "--finetune-from-model", stock_checkpoint,
-                 "--max-update", "6", "--allow-slow-gates", arch="gated_transformer")  # fmt: skip
-    state = load_state(ckpt)
-    for name in state["model"]:
-        if name.endswith("head_gate.theta"):  # log α = 50·θ in [-1, 1]: gates in (0, 1)
-            state["model"][name] = torch.linspace(-1.0, 1.0, len(state["model"][name])) / 50
-    ckpt = tmp_path / "gated.pt"
-    torch.save(state, ckpt)
-    model, task = _load(ckpt, tiny_data)
-    base = Masks(model).base(("enc-self", 0))
-    assert not torch.allclose(base, torch.ones_like(base))  # the gates are a real factor
-    out = tmp_path / "refit.pt"
-    proc = _prune(tiny_data, ckpt, out, "--budget", "macs:0.6", "--json-out", tmp_path / "r.json")
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    report = json.loads((tmp_path / "r.json").read_text())
-    model, task = _load(ckpt, tiny_data)
-    masks = _report_masks(model, report)
-    originals = {n: p.detach().clone() for n, p in model.named_parameters()}
-    batches = calibration_batches(task, "train", 96, 32, 1)
-    _, weights = refit(model, masks, batches)
-    small, _ = _load(out, tiny_data)
-    _assert_same_logits(small, model, task)
-    # the refit fits the gated heads: each gated layer, fed the same inputs, is closer to the
-    # unpruned model with its refit out_proj than with the original one
-    reference, _ = _load(ckpt, tiny_data)
-    ref_masks = Masks(reference)
-    for unit in (("enc-self", 0), ("enc-self", 1)):
-        errs, scale = _refit_errors(model, masks, unit, batches, (reference, ref_masks),
-                                    originals, weights)  # fmt: skip
-        assert errs[1] <= errs[0] * (1 + 1e-5) + 1e-7 * scale, unit

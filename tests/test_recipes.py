@@ -969,7 +969,8 @@ def test_posttrain_heads_of_one_type_against_michel(quickstart_work, raw_dir, tm
     _run("posttrain.sh", work, raw_dir, str(baseline), **env)
     ours = json.loads((work / "eval" / "posttrain-heads3-enc-self" / "model.json").read_text())
     michel = json.loads((work / "eval" / "michel-heads3-enc-self" / "model.json").read_text())
-    assert ours["setting"] == "heads:3 of enc-self, weights refit, no retraining"
+    steps = "3 search steps, units reselected, weights refit"  # prune's defaults
+    assert ours["setting"] == f"heads:3 of enc-self, {steps}, no retraining"
     assert michel["method"] == "michel" and michel["setting"] == "no retraining"
     # TINY: 2 encoder and 1 decoder layers of 4 heads; only encoder self-attention pruned
     assert (
@@ -990,7 +991,7 @@ def test_posttrain_heads_of_one_type_against_michel(quickstart_work, raw_dir, tm
     ft = json.loads(
         (work / "eval" / "posttrain+ft-heads3-enc-self-enc-s1" / "model.json").read_text()
     )
-    assert ft["setting"] == "heads:3 of enc-self, weights refit, 1 epochs, encoder only"
+    assert ft["setting"] == f"heads:3 of enc-self, {steps}, 1 epochs, encoder only"
     ref = json.loads((work / "eval" / "finetuned-1ep-enc-s1" / "model.json").read_text())
     assert ref["setting"] == "fine-tuned 1 epochs, encoder only"
     for run in (runs / "full-ft1-enc-s1", runs / "heads3-enc-self" / "ft-enc-s1"):

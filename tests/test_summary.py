@@ -174,13 +174,16 @@ def test_posttrain_records_are_published_with_their_runs(tree, tmp_path):
     setting = json.loads((variant / "eval" / "model.json").read_text())["setting"]
     assert setting == "macs:0.5 of enc-self without rearrangement, no retraining"
     for flags, named in (
-        ((True, "masks"), "rearranged, masks tuned"),
-        ((False, "weights"), "weights refit"),
-        ((False, "none"), "untuned"),
+        ((True, "masks", 1, False), "rearranged, masks tuned"),
+        ((False, "weights", 1, False), "weights refit"),
+        ((False, "weights", 3, True), "3 search steps, units reselected, weights refit"),
+        ((False, "none", 1, False), "untuned"),
     ):
-        (variant / "prune.json").write_text(
-            json.dumps({**prune, "rearranged": flags[0], "tuned": True, "tune": flags[1]})
-        )
+        rearranged, tune, steps, reselected = flags
+        (variant / "prune.json").write_text(json.dumps({
+            **prune, "rearranged": rearranged, "tuned": True, "tune": tune,
+            "search_steps": steps, "reselected": reselected,
+        }))  # fmt: skip
         posttrain.main(["record", "--eval-dir", str(variant / "eval"), "--run", str(variant)])
         setting = json.loads((variant / "eval" / "model.json").read_text())["setting"]
         assert setting == f"macs:0.5, {named}, no retraining"

@@ -23,16 +23,11 @@ from fairseq_headprune.checkpoint_io import load_checkpoint, model_args
 from fairseq_headprune.errors import HeadpruneError
 from fairseq_headprune.export import attention_layout, n_params, save_pruned_checkpoint
 from fairseq_headprune.macs import mac_terms, prunable_macs, total_macs
-from fairseq_headprune.posttrain.fisher import calibration_batches, fisher
+from fairseq_headprune.posttrain.fisher import calibration_batches
 from fairseq_headprune.posttrain.latency import latency_terms
 from fairseq_headprune.posttrain.masks import Masks
 from fairseq_headprune.posttrain.refit import refit
-from fairseq_headprune.posttrain.search import (
-    parse_budget,
-    rearrange_all,
-    search_cost,
-    search_heads,
-)
+from fairseq_headprune.posttrain.search import choose, parse_budget
 from fairseq_headprune.posttrain.tuning import tune
 from fairseq_headprune.pruning import parse_kept_heads, prune_ffn_state_dict, prune_state_dict
 from fairseq_headprune.sites import (
@@ -129,36 +124,17 @@ def latency_budget(args, task, model, budget: float, tgt_len: int) -> tuple[dict
     return {u: c for u, (c, _) in terms.items()}, allowed, report
 
 
-def choose(args, task, model, masks: Masks, batches: list[dict], terms: dict) -> tuple:
-    """The kept units (search, then rearrangement) and the latency report if any.
-
-    Units of the kinds ``--sites`` leaves out are all kept; their cost comes off the budget.
-    """
-    budget = parse_budget(args.budget)
-    diag, blocks = fisher(model, masks, batches)
-    searched = {u: t for u, t in diag.items() if u[0] in args.sites}
-    fixed = {u: torch.ones(len(t), dtype=torch.bool) for u, t in diag.items() if u not in searched}
-    latency = None
-    if budget.kind == "heads":
-        keep = search_heads(searched, int(budget.value), args.allow_empty_cross_attention)
-    else:
-        if budget.kind == "latency":
-            cost, allowed, latency = args.latency_costs
-        else:
-            cost = {u: float(c) for u, (c, _) in terms.items()}
-            allowed = budget.value * prunable_macs(terms)
-        allowed -= sum(cost[u] * len(k) for u, k in fixed.items())
-        keep = search_cost(searched, cost, allowed, args.allow_empty_cross_attention)
-    if args.rearrange:
-        keep = rearrange_all(keep, blocks)
-    return {**keep, **fixed}, latency
-
-
 def run_prune(args: argparse.Namespace) -> dict:
     start = time.perf_counter()
     if Path(args.out).exists() and not args.force:
         raise HeadpruneError(f"--out {args.out} exists; pass --force to overwrite it")
     budget = parse_budget(args.budget)
+    if args.search_steps < 1:
+        raise HeadpruneError(f"--search-steps {args.search_steps}: give a positive number")
+    if args.reselect is None:
+        args.reselect = args.tune == "weights"
+    if args.reselect and args.tune != "weights":
+        raise HeadpruneError(f"--reselect needs --tune weights, not --tune {args.tune}")
     args.sites = parse_sites(args.sites, "--sites", UNIT_SITES)
     if not args.sites or (budget.kind == "heads" and not set(args.sites) & set(SITES)):
         raise HeadpruneError(
@@ -187,7 +163,8 @@ def run_prune(args: argparse.Namespace) -> dict:
     if args.tune == "masks":
         errors = tune(model, masks, batches)
     elif args.tune == "weights":
-        errors, weights = refit(model, masks, batches)
+        errors, weights = refit(model, masks, batches, args.reselect)
+        keep = {u: masks.values[u] != 0 for u in keep}
     stages["tuning"] = time.perf_counter() - start - sum(stages.values())
     report = export(state, model, masks, keep, args.out, args.force, weights)
     stages["export"] = time.perf_counter() - start - sum(stages.values())
@@ -198,7 +175,9 @@ def run_prune(args: argparse.Namespace) -> dict:
         seconds_by_stage=stages,
         budget=args.budget,
         sites=list(args.sites),
+        search_steps=args.search_steps,
         rearranged=args.rearrange,
+        reselected=args.reselect,
         tuned=args.tune != "none",
         tune=args.tune,
         calibration_sentences=sum(b["nsentences"] for b in batches),
@@ -294,6 +273,22 @@ def add_prune_parser(sub) -> None:
         default=False,
         help="Kwon et al.'s rearrangement of the kept units within each layer by Fisher cross "
         "terms (default: off; it lowered BLEU at every budget measured: docs/posttrain.md)",
+    )
+    p.add_argument(
+        "--search-steps",
+        type=int,
+        default=3,
+        help="reach the budget in this many searches, geometric steps, each among the units "
+        "the previous one kept and with the Fisher information of the model pruned so far "
+        "(default: 3; 1 is Kwon et al.'s one-shot search)",
+    )
+    p.add_argument(
+        "--reselect",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="with --tune weights: keep as many units in each layer as the search chose, but "
+        "choose which ones by the refit's own least-squares error (greedy Optimal Brain "
+        "Surgeon elimination) (default: on with --tune weights)",
     )
     p.add_argument(
         "--tune",

@@ -61,12 +61,17 @@ def mask_gradients(model, masks: Masks, batch: dict) -> dict[Unit, Tensor]:
     return grads
 
 
-def fisher(model, masks: Masks, batches: list[dict]) -> tuple[dict, dict]:
+def fisher(
+    model, masks: Masks, batches: list[dict], at: dict[Unit, Tensor] | None = None
+) -> tuple[dict, dict]:
     """(diagonal {unit: (n,)}, blocks {unit: (n, n)}) of the empirical Fisher over ``batches``.
 
-    Every mask starts at 1; the model's parameters are frozen for the duration.
+    The masks are set to ``at`` (the model pruned so far), by default every mask 1; the
+    model's parameters are frozen for the duration.
     """
     masks.set(masks.ones())
+    if at is not None:
+        masks.set({u: m.float() for u, m in at.items()})
     frozen = [(p, p.requires_grad) for p in model.parameters()]
     for p, _ in frozen:
         p.requires_grad_(False)

@@ -71,44 +71,103 @@ def features(masks: Masks, unit: Unit, got: dict, keep: Tensor, real: Tensor, bi
     return torch.cat([x, x.new_ones(len(x), 1)], 1) if bias else x
 
 
-def refit(model: nn.Module, masks: Masks, batches: list[dict]) -> tuple[dict, dict[str, Tensor]]:
-    """Refit every layer in :func:`tuning.tuning_order` in place; return each layer's relative
-    reconstruction error before (original weights) and after, and the new weights by
-    parameter name (the kept units' columns in place, the others untouched)."""
-    names = {m: n for n, m in model.named_modules()}
+def select(gram: Tensor, rhs: Tensor, groups: Tensor, k: int) -> Tensor:
+    """Which ``k`` of the column ``groups`` (G, d) to keep: greedy backward elimination for the
+    quadratic θᵀGθ − 2θᵀR (Optimal Brain Surgeon, grouped as in Frantar & Alistarh 2022):
+    remove the group S whose removal, every other weight re-fitted, costs least,
+    tr(θ_Sᵀ [G⁻¹]_SS⁻¹ θ_S), then update θ and G⁻¹ as that removal does. Returns the kept
+    groups' indices, ascending."""
+    inv = torch.linalg.inv(gram)
+    theta = inv @ rhs
+    alive = torch.ones(len(groups), dtype=torch.bool)
+    for _ in range(len(groups) - k):
+        idx = groups[alive]  # (A, d)
+        blocks = torch.linalg.inv(inv[idx[:, :, None], idx[:, None, :]])  # (A, d, d)
+        t = theta[idx]  # (A, d, E)
+        costs = torch.einsum("ade,adf,afe->a", t, blocks, t)
+        drop = int(alive.nonzero().flatten()[int(costs.argmin())])
+        s = groups[drop]
+        step = inv[:, s] @ torch.linalg.inv(inv[s][:, s])
+        theta -= step @ theta[s]
+        inv -= step @ inv[s]
+        alive[drop] = False
+    return alive.nonzero().flatten()
+
+
+def ridge(gram: Tensor, cross: Tensor, old: Tensor, p: int) -> tuple[Tensor, Tensor]:
+    """The normal equations of the ridge fit towards the ``old`` weights: λ = RIDGE × the mean
+    of the first ``p`` (weight) diagonal entries; the rows after them (the bias) are free."""
+    lam = RIDGE * float(gram.diagonal()[:p].mean().clamp_min(1e-12))
+    penalty = torch.zeros(len(gram), dtype=gram.dtype)
+    penalty[:p] = lam
+    return gram + torch.diag(penalty), cross + penalty[:, None] * old
+
+
+def _system(model, masks: Masks, unit: Unit, batches: list[dict], units: Tensor, originals):
+    """(XᵀX, XᵀT, ‖T‖², the original weights (p[+1], E)) of the layer's least-squares problem:
+    X the ``units``' inputs to the projection (and ones for its bias), T the targets."""
+    proj, owner = unit_modules(model, unit)
+    bias = proj.bias is not None
+    cols = columns(unit, units, 1 if unit[0] in FFN_SITES else owner.head_dim)
     pad = model.decoder.dictionary.pad()
+    size = len(cols) + int(bias)
+    gram = torch.zeros(size, size, dtype=torch.float64)
+    cross = torch.zeros(size, proj.out_features, dtype=torch.float64)
+    tt = 0.0
+    for batch in batches:
+        got, real, t = residual_target(
+            model, masks, unit, batch, pad, lambda: original_weights(originals)
+        )
+        a = features(masks, unit, got, units, real, bias)
+        gram += a.t() @ a
+        cross += a.t() @ t
+        tt += float((t * t).sum())
+    old = proj.weight.detach()[:, cols].t().double()
+    if bias:
+        old = torch.cat([old, proj.bias.detach().double()[None]])
+    return gram, cross, tt, old
+
+
+def refit(
+    model: nn.Module, masks: Masks, batches: list[dict], reselect: bool = False
+) -> tuple[dict, dict[str, Tensor]]:
+    """Refit every layer in :func:`tuning.tuning_order` in place; return each layer's relative
+    reconstruction error before (the search's units, original weights) and after, and the new
+    weights by parameter name (the kept units' columns in place, the others untouched).
+
+    ``reselect``: keep as many units in each layer as the search did, but choose which ones
+    by :func:`select` on the layer's least-squares problem over all its units."""
+    names = {m: n for n, m in model.named_modules()}
     originals: dict[nn.Linear, tuple[Tensor, Tensor | None]] = {}
     report, weights = {}, {}
     for unit in tuning_order(model):
         if unit not in masks.values or not bool((masks.values[unit] != 0).any()):
             continue
-        keep = (masks.values[unit] != 0).nonzero().flatten()
+        searched = masks.values[unit] != 0
         proj, owner = unit_modules(model, unit)
-        bias = proj.bias is not None
         head_dim = 1 if unit[0] in FFN_SITES else owner.head_dim
-        cols = columns(unit, keep, head_dim)
-        size = len(cols) + int(bias)
-        gram = torch.zeros(size, size, dtype=torch.float64)
-        cross = torch.zeros(size, proj.out_features, dtype=torch.float64)
-        tt = 0.0
-        for batch in batches:
-            got, real, t = residual_target(
-                model, masks, unit, batch, pad, lambda: original_weights(originals)
-            )
-            a = features(masks, unit, got, keep, real, bias)
-            gram += a.t() @ a
-            cross += a.t() @ t
-            tt += float((t * t).sum())
-        old = proj.weight.detach()[:, cols].t().double()  # (p, E)
-        if bias:
-            old = torch.cat([old, proj.bias.detach().double()[None]])
-        lam = RIDGE * float(gram.diagonal()[: len(cols)].mean().clamp_min(1e-12))
-        penalty = torch.ones(size, dtype=torch.float64)
-        penalty[len(cols) :] = 0  # the bias is fitted freely
-        theta = torch.linalg.solve(gram + lam * torch.diag(penalty), cross + lam * old)
+        every = reselect and not bool(searched.all())
+        if every:  # all units' inputs: the layer's own masks change neither them nor its target
+            masks.set({unit: torch.ones(len(searched))})
+        units = torch.arange(len(searched)) if every else searched.nonzero().flatten()
+        gram, cross, tt, old = _system(model, masks, unit, batches, units, originals)
+        p = len(units) * head_dim
+        bias_row = torch.arange(p, len(gram))  # row p if the projection has a bias
+        chosen = searched
+        if every:
+            groups = torch.arange(p).view(-1, head_dim)
+            chosen = torch.zeros_like(searched)
+            chosen[select(*ridge(gram, cross, old, p), groups, int(searched.sum()))] = True
+            masks.set({unit: chosen.float()})
+        # the system's rows of the units the search kept (b) and of those kept now (r)
+        b, r = (
+            torch.cat([columns(unit, m[units].nonzero().flatten(), head_dim), bias_row])
+            for m in (searched, chosen)
+        )
+        theta = torch.linalg.solve(*ridge(gram[r][:, r], cross[r], old[r], len(r) - len(bias_row)))
         report[unit] = {
-            "before": relative_error(gram, cross, tt, old),
-            "after": relative_error(gram, cross, tt, theta),
+            "before": relative_error(gram[b][:, b], cross[b], tt, old[b]),
+            "after": relative_error(gram[r][:, r], cross[r], tt, theta),
         }
         logger.info(f"refit {unit[0]} layer {unit[1]}: relative error {report[unit]}")
         if proj not in originals:
@@ -116,10 +175,11 @@ def refit(model: nn.Module, masks: Masks, batches: list[dict]) -> tuple[dict, di
                 proj.weight.data.clone(),
                 None if proj.bias is None else proj.bias.data.clone(),
             )
+        cols = columns(unit, chosen.nonzero().flatten(), head_dim)
         with torch.no_grad():
             proj.weight[:, cols] = theta[: len(cols)].t().to(proj.weight)
             weights[f"{names[proj]}.weight"] = proj.weight.detach().clone()
-            if bias:
+            if proj.bias is not None:
                 proj.bias.copy_(theta[len(cols)].to(proj.bias))
                 weights[f"{names[proj]}.bias"] = proj.bias.detach().clone()
     return report, weights

@@ -13,18 +13,30 @@ Kwon et al. 2022 ("A Fast Post-Training Pruning Framework for Transformers"):
   ones greedily, minimising the second-order loss estimate ½·1ᵀ F_PP 1 of the pruned set P
   (F: the layer's block of the empirical Fisher).
 
+With ``--search-steps`` S > 1 (:func:`choose`) the budget is reached in S searches at
+geometrically shrinking budgets, each among the units the previous one kept and with the
+Fisher information recomputed on the model pruned so far, as Michel et al. 2019 ("Are Sixteen
+Heads Really Better than One?") recompute head importance while pruning iteratively: units
+whose importance depends on others already removed are scored as they now matter.
+
 Every decoder–encoder attention layer keeps at least one head unless ``allow_empty_cross``.
 """
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass
 
 import torch
 from torch import Tensor
 
 from fairseq_headprune.errors import HeadpruneError
+from fairseq_headprune.macs import prunable_macs
+from fairseq_headprune.posttrain.fisher import fisher
+from fairseq_headprune.posttrain.masks import Masks
 from fairseq_headprune.sites import DEC_ENC, FFN_SITES, SITES, Unit
+
+logger = logging.getLogger(__name__)
 
 KINDS = ("macs", "heads", "latency")
 
@@ -53,17 +65,29 @@ def parse_budget(value: str) -> Budget:
     return Budget(kind, amount)
 
 
-def _flat(importance: dict[Unit, Tensor], sites) -> list[tuple[Unit, int, float]]:
+def _flat(importance: dict[Unit, Tensor], sites, among=None) -> list[tuple[Unit, int, float]]:
+    """(unit, index, importance) of every head or neuron of ``sites`` (only those ``among``
+    marks, if given)."""
     return [
-        (u, j, float(v)) for u, t in importance.items() if u[0] in sites for j, v in enumerate(t)
+        (u, j, float(v))
+        for u, t in importance.items()
+        if u[0] in sites
+        for j, v in enumerate(t)
+        if among is None or bool(among[u][j])
     ]
 
 
-def _forced(importance: dict[Unit, Tensor], allow_empty_cross: bool) -> set[tuple[Unit, int]]:
-    """The most important head of every decoder–encoder attention layer (unless allowed)."""
+def _forced(importance: dict[Unit, Tensor], allow_empty_cross: bool, among=None) -> set:
+    """The most important head (of those ``among`` marks) of every decoder–encoder attention
+    layer, unless ``allow_empty_cross``."""
     if allow_empty_cross:
         return set()
-    return {(u, int(t.argmax())) for u, t in importance.items() if u[0] == DEC_ENC}
+    forced = set()
+    for u, t in importance.items():
+        if u[0] == DEC_ENC:
+            t = t if among is None else t.masked_fill(~among[u], float("-inf"))
+            forced.add((u, int(t.argmax())))
+    return forced
 
 
 def _to_masks(importance: dict[Unit, Tensor], kept: set[tuple[Unit, int]]) -> dict[Unit, Tensor]:
@@ -74,11 +98,11 @@ def _to_masks(importance: dict[Unit, Tensor], kept: set[tuple[Unit, int]]) -> di
 
 
 def search_heads(
-    importance: dict[Unit, Tensor], k: int, allow_empty_cross: bool = False
+    importance: dict[Unit, Tensor], k: int, allow_empty_cross: bool = False, among=None
 ) -> dict[Unit, Tensor]:
-    """Keep the ``k`` most important heads (all neurons)."""
-    heads = _flat(importance, SITES)
-    forced = _forced(importance, allow_empty_cross)
+    """Keep the ``k`` most important heads (of those ``among`` marks, if given; all neurons)."""
+    heads = _flat(importance, SITES, among)
+    forced = _forced(importance, allow_empty_cross, among)
     if not len(forced) <= k <= len(heads):
         raise HeadpruneError(
             f"--budget heads:{k}: the model has {len(heads)} prunable heads and {len(forced)} "
@@ -87,7 +111,7 @@ def search_heads(
         )
     order = sorted(heads, key=lambda h: ((h[0], h[1]) not in forced, -h[2]))
     kept = {(u, j) for u, j, _ in order[:k]}
-    kept |= {(u, j) for u, j, _ in _flat(importance, FFN_SITES)}
+    kept |= {(u, j) for u, j, _ in _flat(importance, FFN_SITES, among)}
     return _to_masks(importance, kept)
 
 
@@ -96,15 +120,17 @@ def search_cost(
     cost: dict[Unit, float],
     budget: float,
     allow_empty_cross: bool = False,
+    among: dict[Unit, Tensor] | None = None,
 ) -> dict[Unit, Tensor]:
-    """Kwon's search: keep units whose total ``cost`` (per unit of each layer) ≤ ``budget``.
+    """Kwon's search: keep units whose total ``cost`` (per unit of each layer) ≤ ``budget``,
+    chosen among those ``among`` marks (every unit if None).
 
     Raises HeadpruneError when even the heads that must stay do not fit.
     """
-    forced = _forced(importance, allow_empty_cross)
+    forced = _forced(importance, allow_empty_cross, among)
 
     def ranked(sites, first=frozenset()):
-        units = _flat(importance, sites)
+        units = _flat(importance, sites, among)
         units.sort(key=lambda x: ((x[0], x[1]) not in first, -x[2] / max(cost[x[0]], 1e-12)))
         c = torch.tensor([float(cost[u]) for u, _, _ in units], dtype=torch.float64)
         imp = torch.tensor([v for _, _, v in units], dtype=torch.float64)
@@ -163,3 +189,55 @@ def rearrange(mask: Tensor, block: Tensor) -> Tensor:
 
 def rearrange_all(masks: dict[Unit, Tensor], blocks: dict[Unit, Tensor]) -> dict[Unit, Tensor]:
     return {u: rearrange(m, blocks[u]) for u, m in masks.items()}
+
+
+def step_targets(total: float, target: float, steps: int) -> list[float]:
+    """What each of ``steps`` searches keeps, geometric from ``total`` down to ``target``
+    (the last exactly ``target``, the others at most ``total``)."""
+    ahead = [total ** (1 - s / steps) * target ** (s / steps) for s in range(1, steps)]
+    return [min(t, total) for t in ahead] + [target]
+
+
+def choose(args, task, model, masks: Masks, batches: list[dict], terms: dict) -> tuple:
+    """The kept units (search, then rearrangement) and the latency report if any.
+
+    Units of the kinds ``--sites`` leaves out are all kept; their cost comes off the budget.
+    With ``--search-steps`` S > 1 the budget is reached in S searches, each among the units
+    the previous one kept, with the Fisher information of the model pruned so far.
+    """
+    budget = parse_budget(args.budget)
+    cost, latency, allowed = None, None, 0.0
+    if budget.kind == "latency":
+        cost, allowed, latency = args.latency_costs
+    elif budget.kind == "macs":
+        cost = {u: float(c) for u, (c, _) in terms.items()}
+        allowed = budget.value * prunable_macs(terms)
+    keep = None
+    for step, target in enumerate(_targets(args, budget, masks, cost, allowed)):
+        diag, blocks = fisher(model, masks, batches, keep)
+        searched = {u: t for u, t in diag.items() if u[0] in args.sites}
+        fixed = {u: torch.ones(len(t), dtype=torch.bool) for u, t in diag.items()}
+        fixed = {u: m for u, m in fixed.items() if u not in searched}
+        among = None if keep is None else {u: keep[u] for u in searched}
+        if budget.kind == "heads":
+            found = search_heads(searched, round(target), args.allow_empty_cross_attention, among)
+        else:
+            found = search_cost(searched, cost, target, args.allow_empty_cross_attention, among)
+        keep = {**found, **fixed}
+        logger.info(f"search step {step + 1}: kept {sum(int(k.sum()) for k in keep.values())}")
+    if args.rearrange:
+        keep = {**keep, **rearrange_all({u: keep[u] for u in searched}, blocks)}
+    return keep, latency
+
+
+def _targets(args, budget, masks: Masks, cost: dict | None, allowed: float) -> list[float]:
+    """The kept heads (``heads:K``) or kept cost of the searched units at each search step."""
+    searched = [u for u in masks.values if u[0] in args.sites]
+    if budget.kind == "heads":
+        total = sum(len(masks.values[u]) for u in searched if u[0] in SITES)
+        return step_targets(total, budget.value, args.search_steps)
+    fixed = sum(cost[u] * len(v) for u, v in masks.values.items() if u not in searched)
+    total = sum(cost[u] * len(masks.values[u]) for u in searched)
+    if allowed < fixed:  # the kinds left whole cost more: search_cost refuses the budget
+        return [allowed - fixed]
+    return step_targets(total, allowed - fixed, args.search_steps)

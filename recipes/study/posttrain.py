@@ -52,7 +52,10 @@ def make_record(run: Path, eval_dir: Path, args: argparse.Namespace) -> dict:
     sites = prune.get("sites", [])  # prune --sites: the kinds the search could prune
     scope = f" of {','.join(sites)}" if 0 < len(sites) < len(SITES + FFN_SITES) else ""
     if "tune" in prune:  # name the steps that ran
-        steps = ["rearranged"] if prune["rearranged"] else []
+        n = prune.get("search_steps", 1)
+        steps = [f"{n} search steps"] if n > 1 else []
+        steps += ["rearranged"] if prune["rearranged"] else []
+        steps += ["units reselected"] if prune.get("reselected") else []
         steps.append(
             {"weights": "weights refit", "masks": "masks tuned"}.get(prune["tune"], "untuned")
         )
