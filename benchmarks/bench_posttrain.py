@@ -3,6 +3,7 @@ Transformers"), stage by stage, against the ten-minute goal for 2,000 calibratio
 
 Runs ``fairseq-headprune prune``'s own code (``posttrain.command.run_prune``) on a checkpoint
 at each budget and with each ``--tune`` (the default weight refit, Kwon et al.'s mask tuning)
+(with prune's other defaults: three search steps, units reselected with the weight refit)
 and prints the time of each stage (loading and calibration batches; Fisher importance and
 search; tuning; export) and the total.
 
@@ -45,8 +46,12 @@ def main() -> None:
                 report = run_prune(prune.parse_args(flags))
                 stages = ", ".join(f"{k} {v:.1f} s" for k, v in report["seconds_by_stage"].items())
                 total = report["seconds"]
-                print(f"{budget} --tune {tune}: {report['calibration_sentences']} sentences, "
-                      f"{total:.1f} s ({total / GOAL_SECONDS:.2f} of the 10-minute goal): "
+                steps = f"{report['search_steps']} search steps" + (
+                    ", units reselected" if report["reselected"] else ""
+                )
+                share = total / GOAL_SECONDS
+                print(f"{budget} --tune {tune} ({steps}): {report['calibration_sentences']} "
+                      f"sentences, {total:.1f} s ({share:.2f} of the 10-minute goal): "
                       f"{stages}")  # fmt: skip
 
 
