@@ -216,8 +216,9 @@ def choose(args, task, model, masks: Masks, batches: list[dict], terms: dict) ->
     for step, target in enumerate(_targets(args, budget, masks, cost, allowed)):
         diag, blocks = fisher(model, masks, batches, keep)
         searched = {u: t for u, t in diag.items() if u[0] in args.sites}
-        fixed = {u: torch.ones(len(t), dtype=torch.bool) for u, t in diag.items()}
-        fixed = {u: m for u, m in fixed.items() if u not in searched}
+        fixed = {
+            u: torch.ones(len(t), dtype=torch.bool) for u, t in diag.items() if u not in searched
+        }
         among = None if keep is None else {u: keep[u] for u in searched}
         if budget.kind == "heads":
             found = search_heads(searched, round(target), args.allow_empty_cross_attention, among)
