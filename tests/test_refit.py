@@ -142,6 +142,8 @@ def test_reselect_keeps_the_counts_and_lowers_the_first_layer_error(
                      "--json-out", tmp_path / f"{name}.json")  # fmt: skip
         assert proc.returncode == 0, proc.stderr[-3000:]
         reports[name] = json.loads((tmp_path / f"{name}.json").read_text())
+        after = "units reselected, weights refit" if name == "reselect" else "weights refit"
+        assert f"search: 3 step(s), then {after}\n" in proc.stdout
     plain, chosen = reports["plain"], reports["reselect"]
     assert chosen["reselected"] and not plain["reselected"]
     for site, rows in plain["kept_heads"].items():

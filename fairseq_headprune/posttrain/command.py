@@ -3,10 +3,13 @@
 Kwon et al. 2022 ("A Fast Post-Training Pruning Framework for Transformers", NeurIPS 2022),
 for fairseq encoder–decoder transformers: masks on every head and FFN neuron (``masks``),
 their diagonal Fisher information on calibration sentences (``fisher``), the mask search under
-a multiply-add or head budget and the rearrangement within layers (``search``), layer-wise
-least-squares tuning (``tuning``), then a physically smaller checkpoint: the tuned values
-folded into ``out_proj`` / ``fc2`` columns, pruned heads and neurons removed (``pruning``),
-the kept ones recorded in the config's ``kept_heads`` (``export``).
+a multiply-add, latency or head budget, in ``--search-steps`` nested searches, and Kwon et
+al.'s rearrangement within layers (``search``), layer-wise least squares: the kept units'
+output weights refit and, with ``--reselect``, the kept units of each layer chosen by it
+(``refit``, Frantar & Alistarh 2022), or Kwon et al.'s one scale per unit (``tuning``); then a
+physically smaller checkpoint: refit weights and tuned values written into ``out_proj`` /
+``fc2`` columns, pruned heads and neurons removed (``pruning``), the kept ones recorded in
+the config's ``kept_heads`` (``export``).
 """
 
 from __future__ import annotations
@@ -194,6 +197,13 @@ def run_prune(args: argparse.Namespace) -> dict:
     return report
 
 
+def after_search(r: dict) -> list[str]:
+    """What ran after the search, in the words the study's records use."""
+    steps = ["rearranged"] if r["rearranged"] else []
+    steps += ["units reselected"] if r.get("reselected") else []
+    return steps + [{"weights": "weights refit", "masks": "masks tuned"}.get(r["tune"], "untuned")]
+
+
 def format_report(r: dict) -> str:
     lines = [f"{site}: kept {sum(map(len, rows))}" for site, rows in r["kept_heads"].items()]
     m = r["macs"]
@@ -207,6 +217,7 @@ def format_report(r: dict) -> str:
         f"calibration: {r['calibration_sentences']} sentences; MAC model at source length "
         f"{r['lengths']['src']}, target length {r['lengths']['tgt']}, beam {r['lengths']['beam']}",
         f"attention + FFN multiply-adds kept: {100 * r['prunable_kept']:.1f}% ({r['budget']})",
+        f"search: {r['search_steps']} step(s), then {', '.join(after_search(r))}",
         f"beam-search multiply-adds: full {m['full']:,}, pruned {m['pruned']:,}; predicted "
         f"speed-up {r['predicted_speedup']:.2f}x (the output layer and embeddings, "
         f"{100 * m['unprunable'] / m['full']:.0f}% of the full model's, cap it at "
