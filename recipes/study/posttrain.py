@@ -23,6 +23,7 @@ import json
 import os
 from pathlib import Path
 
+from fairseq_headprune.posttrain.command import after_search
 from recipes.study.controls import write_json
 from recipes.study.records import FFN_SITES, SITES
 
@@ -53,12 +54,7 @@ def make_record(run: Path, eval_dir: Path, args: argparse.Namespace) -> dict:
     scope = f" of {','.join(sites)}" if 0 < len(sites) < len(SITES + FFN_SITES) else ""
     if "tune" in prune:  # name the steps that ran
         n = prune.get("search_steps", 1)
-        steps = [f"{n} search steps"] if n > 1 else []
-        steps += ["rearranged"] if prune["rearranged"] else []
-        steps += ["units reselected"] if prune.get("reselected") else []
-        steps.append(
-            {"weights": "weights refit", "masks": "masks tuned"}.get(prune["tune"], "untuned")
-        )
+        steps = ([f"{n} search steps"] if n > 1 else []) + after_search(prune)
         scope += "".join(f", {step}" for step in steps)
     else:  # a report of Kwon et al.'s steps by default (rearranged, masks tuned)
         scope += "".join(f" without {stage}" for stage, key in (("rearrangement", "rearranged"),
