@@ -20,6 +20,7 @@ from fairseq_headprune.posttrain.search import (
     search_cost,
 )
 from fairseq_headprune.posttrain.tuning import tune
+from fairseq_headprune.sites import UNIT_SITES
 from tests.helpers import TINY_ARCH, TRAIN_COMMON, USER_DIR, cli, load_state, train
 from tests.posttrain_helpers import (
     assert_same_logits,
@@ -223,36 +224,53 @@ def test_bad_input(stock_checkpoint, tiny_data, tmp_path):
 
 
 def test_latency_budget(stock_checkpoint, tiny_data, tmp_path, monkeypatch):
-    """latency:F measures seconds per head/neuron kind on this machine and searches with them;
-    a budget below the time no head or neuron explains is refused before anything is written."""
-    from fairseq_headprune.posttrain import command
-    from fairseq_headprune.posttrain.latency import latency_terms
+    """latency:F times the full model, the floor (no heads or neurons) and each kind removed on
+    this machine and searches with the seconds per unit; a budget below the floor is refused
+    before anything is written."""
+    from fairseq_headprune.posttrain import latency
 
     model, task = load_model(stock_checkpoint, tiny_data)
+    floor = latency.without(model, UNIT_SITES)
+    assert set(latency.unit_counts(floor).values()) == {0}
+    assert latency.unit_counts(latency.without(model, ["dec-enc"]))["enc-ffn", 0] == 32
     batch = calibration_batches(task, "valid", 8, 8)[0]
-    full, constant, terms = latency_terms(model, batch, beam=2, steps=4, repeats=1)
+    full, constant, terms = latency.latency_terms(task, model, batch, beam=2, steps=4, repeats=1)
     assert full > 0 and 0 <= constant <= full
     assert sum(c * n for c, n in terms.values()) == pytest.approx(full - constant)
     assert {n for (site, _), (_, n) in terms.items() if site.endswith("ffn")} == {32}
 
-    fake = {u: (0.01, n) for u, (_, n) in terms.items()}
-    monkeypatch.setattr(command, "latency_terms", lambda *a, **k: (4.0, 2.0, fake))
+    # the arithmetic, on given times: each kind's saving over its units, scaled to full - floor
+    times = {"full": 10.0, "floor": 4.0, "enc-self": 9.0, "dec-self": 8.0, "dec-enc": 9.5}
+    times.update({"enc-ffn": 9.0, "dec-ffn": 11.0})  # slower without: noise, saves nothing
+    monkeypatch.setattr(latency, "timed_rounds", lambda runs, _: {n: times[n] for n in runs})
+    full, constant, terms = latency.latency_terms(task, model, batch, beam=2, steps=4)
+    units = latency.unit_counts(model)
+    scale = 6.0 / (1.0 + 2.0 + 0.5 + 1.0)
+    for kind, saved in {"enc-self": 1.0, "dec-self": 2.0, "dec-enc": 0.5, "dec-ffn": 0.0}.items():
+        n = sum(k for (site, _), k in units.items() if site == kind)
+        for (site, _), (c, _) in terms.items():
+            assert site != kind or c == pytest.approx(saved * scale / n)
+    assert (full, constant) == (10.0, 4.0)
+
     args = Namespace(subset="valid", latency_batch_size=4, seed=1, beam=5)
-    with pytest.raises(HeadpruneError, match="latency:0.4: no mask can meet it"):
-        command.latency_budget(args, task, model, 0.4, 7)
-    cost, allowed, _ = command.latency_budget(args, task, model, 0.75, 7)
-    assert allowed == pytest.approx(1.0) and set(cost.values()) == {0.01}
+    with pytest.raises(HeadpruneError, match="latency:0.3: no mask can meet it: 40%"):
+        latency.latency_budget(args, task, model, 0.3, 7)
+    cost, allowed, report = latency.latency_budget(args, task, model, 0.75, 7)
+    assert allowed == pytest.approx(3.5) and report["seconds_unprunable"] == 4.0
+    assert cost == {u: c for u, (c, _) in terms.items()}
 
     # End to end with this machine's timings: how much of a tiny model's time heads and
     # neurons explain is timing noise, so only latency:1 (the full model's own time, which
     # every measurement allows) is feasible on every machine, and it keeps everything.
+    monkeypatch.undo()
     out = tmp_path / "lat.pt"
     proc = prune(tiny_data, stock_checkpoint, out, "--budget", "latency:1",
                   "--latency-batch-size", "4", "--json-out", f"{out}.json")  # fmt: skip
     assert proc.returncode == 0, proc.stderr[-3000:]
     report = json.loads(out.with_name("lat.pt.json").read_text())
-    assert report["latency"]["seconds_full"] > 0
+    assert report["latency"]["seconds_pruned"] == pytest.approx(report["latency"]["seconds_full"])
     assert report["params_after"] == report["params_before"]
+    assert "latency model for the pruned model" in proc.stdout
 
 
 def test_bench_predicts_the_decoder_speedup_of_pruned_neurons(pruned, stock_checkpoint, tiny_data):

@@ -27,7 +27,7 @@ from fairseq_headprune.errors import HeadpruneError
 from fairseq_headprune.export import attention_layout, n_params, save_pruned_checkpoint
 from fairseq_headprune.macs import mac_terms, prunable_macs, total_macs
 from fairseq_headprune.posttrain.fisher import calibration_batches
-from fairseq_headprune.posttrain.latency import latency_terms
+from fairseq_headprune.posttrain.latency import latency_budget
 from fairseq_headprune.posttrain.masks import Masks
 from fairseq_headprune.posttrain.refit import refit
 from fairseq_headprune.posttrain.search import choose, parse_budget
@@ -111,22 +111,6 @@ def export(
     return {"kept_heads": kept, "params_before": before, "params_after": after}
 
 
-def latency_budget(args, task, model, budget: float, tgt_len: int) -> tuple[dict, float, dict]:
-    """(cost per unit in seconds, seconds the kept units may take, report) for latency:F."""
-    batch = calibration_batches(
-        task, args.subset, args.latency_batch_size, args.latency_batch_size, args.seed
-    )[0]
-    full, constant, terms = latency_terms(model, batch, args.beam, tgt_len)
-    allowed = budget * full - constant
-    if allowed < 0:
-        raise HeadpruneError(
-            f"--budget latency:{budget}: no mask can meet it: {constant / full:.0%} of the "
-            f"measured {full:.3f} s (embeddings, output layer, beam bookkeeping) is not prunable"
-        )
-    report = {"seconds_full": full, "seconds_unprunable": constant}
-    return {u: c for u, (c, _) in terms.items()}, allowed, report
-
-
 def run_prune(args: argparse.Namespace) -> dict:
     start = time.perf_counter()
     if Path(args.out).exists() and not args.force:
@@ -168,6 +152,10 @@ def run_prune(args: argparse.Namespace) -> dict:
     elif args.tune == "weights":
         errors, weights = refit(model, masks, batches, args.reselect)
         keep = {u: masks.values[u] != 0 for u in keep}
+    if latency:  # the latency model's time for the units kept
+        cost = args.latency_costs[0]
+        kept_s = sum(cost[u] * int(k.sum()) for u, k in keep.items())
+        latency["seconds_pruned"] = latency["seconds_unprunable"] + kept_s
     stages["tuning"] = time.perf_counter() - start - sum(stages.values())
     report = export(state, model, masks, keep, args.out, args.force, weights)
     stages["export"] = time.perf_counter() - start - sum(stages.values())
@@ -210,8 +198,10 @@ def format_report(r: dict) -> str:
     if r.get("latency"):
         lat = r["latency"]
         lines.append(
-            f"measured decoding time: full {lat['seconds_full']:.3f} s, of which "
-            f"{lat['seconds_unprunable']:.3f} s not explained by heads or neurons"
+            f"measured beam-search time: full {lat['seconds_full']:.3f} s, floor (no heads or "
+            f"neurons) {lat['seconds_unprunable']:.3f} s; latency model for the pruned model "
+            f"{lat['seconds_pruned']:.3f} s, a {lat['seconds_full'] / lat['seconds_pruned']:.2f}x"
+            " speed-up"
         )
     lines += [
         f"calibration: {r['calibration_sentences']} sentences; MAC model at source length "

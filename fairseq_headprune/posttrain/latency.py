@@ -2,28 +2,38 @@
 
 Kwon et al. 2022 ("A Fast Post-Training Pruning Framework for Transformers", §4.1) search
 under a latency constraint with a table of measured latencies per layer, which they find
-linear in the number of heads and neurons above a small threshold. Here the latency of
-beam-search-shaped decoding (``bench.decode_steps``: the encoder, then the calibration
-sentences' mean number of incremental decoder steps for ``beam`` hypotheses of each of
-``batch`` sentences) is measured for the full model and for copies in which one kind of unit
-(``enc-self``, ``dec-self``, ``dec-enc`` heads, ``enc-ffn``, ``dec-ffn`` neurons) is halved in
-every layer; the differences give seconds per unit of each kind (at least 0; scaled down if
-timing noise makes them explain more than the whole), and what no unit explains (embeddings,
-output layer, layer norms, beam bookkeeping) is the constant. Time it on an otherwise idle
-machine: other load makes the differences noise.
+linear in the number of heads and neurons above a small threshold. Here fairseq's own beam
+search (what ``fairseq-generate`` runs: ``beam`` hypotheses of each of a batch of calibration
+sentences, forced to the calibration sentences' mean target length so that every model does
+the same steps) is timed, round by round, for
+
+- the full model;
+- the floor: a copy with every head and neuron removed (embeddings, output layer, layer
+  norms and the beam search's own work are left), the time no pruning of heads and neurons removes;
+- for each kind of unit (``enc-self``, ``dec-self``, ``dec-enc`` heads, ``enc-ffn``,
+  ``dec-ffn`` neurons), a copy with that kind removed from every layer.
+
+What removing a kind saves, over its units, is its seconds per unit. The kinds' savings are
+scaled to add up to exactly the full model's time minus the floor (they overlap a little, and
+timing is noisy), so a model with no units is predicted at the floor and the full model at its
+own time. Time it on an otherwise idle machine: other load makes the differences noise.
 """
 
 from __future__ import annotations
 
 import copy
 import time
+import warnings
+from argparse import Namespace
+from collections.abc import Callable, Iterable
 
+import torch
 from torch import nn
 
-from fairseq_headprune.bench import decode_steps
+from fairseq_headprune.errors import HeadpruneError
+from fairseq_headprune.posttrain.fisher import calibration_batches
 from fairseq_headprune.pruning import resize_attention, resize_ffn
 from fairseq_headprune.sites import (
-    FFN_SITES,
     UNIT_SITES,
     Unit,
     attention_modules,
@@ -33,54 +43,90 @@ from fairseq_headprune.sites import (
 )
 
 
-def timed(model: nn.Module, batch: dict, beam: int, steps: int, repeats: int) -> float:
-    """Best wall time of :func:`bench.decode_steps` over ``repeats`` runs (after a warm-up)."""
-    decode_steps(model, batch, beam, 1)
-    best = float("inf")
-    for _ in range(repeats):
-        t0 = time.perf_counter()
-        decode_steps(model, batch, beam, steps)
-        best = min(best, time.perf_counter() - t0)
+def forced_search(task, model: nn.Module, batch: dict, beam: int, steps: int):
+    """A function running fairseq's beam search (what ``fairseq-generate`` runs) on ``batch``
+    with every hypothesis forced to ``steps`` tokens, so that every model does the same steps."""
+    opts = Namespace(beam=beam, min_len=steps, max_len_a=0, max_len_b=steps)
+    gen = task.build_generator([model], opts)
+    return lambda: task.inference_step(gen, [model], batch)
+
+
+def timed_rounds(runs: dict[str, Callable], repeats: int) -> dict[str, float]:
+    """Best wall time of each function over ``repeats`` rounds, interleaved within a round
+    (after a warm-up of each)."""
+    with torch.inference_mode():
+        for run in runs.values():
+            run()
+        best = dict.fromkeys(runs, float("inf"))
+        for _ in range(repeats):
+            for name, run in runs.items():
+                t0 = time.perf_counter()
+                run()
+                best[name] = min(best[name], time.perf_counter() - t0)
     return best
 
 
-def halved(model: nn.Module, kind: str) -> tuple[nn.Module, int]:
-    """A copy of ``model`` whose units of ``kind`` are halved in every layer (fresh weights),
-    and how many units that removed."""
+def without(model: nn.Module, kinds: Iterable[str]) -> nn.Module:
+    """A copy of ``model`` with every head or neuron of ``kinds`` removed from every layer."""
+    kinds = set(kinds)
     model = copy.deepcopy(model)
-    removed = 0
-    if kind in FFN_SITES:
-        for site, _, layer in ffn_layers(model):
-            if site == kind:
-                width = layer.fc1.out_features
-                resize_ffn(layer, width // 2)
-                removed += width - width // 2
-        return model, removed
-    for site, i, attn in attention_modules(model):
-        if site == kind and attn.num_heads:
-            kept = attn.num_heads // 2
-            removed += attn.num_heads - kept
-            set_attention(site_layers(model, site)[i], site, resize_attention(attn, kept))
-    return model, removed
+    with warnings.catch_warnings():  # zero-width layers initialise no weights
+        warnings.simplefilter("ignore", UserWarning)
+        for site, _, layer in list(ffn_layers(model)):
+            if site in kinds:
+                resize_ffn(layer, 0)
+        for site, i, attn in list(attention_modules(model)):
+            if site in kinds and attn.num_heads:
+                set_attention(site_layers(model, site)[i], site, resize_attention(attn, 0))
+    return model
+
+
+def unit_counts(model: nn.Module) -> dict[Unit, int]:
+    """Heads of every attention layer and neurons of every FFN of ``model``."""
+    counts = {(site, i): attn.num_heads for site, i, attn in attention_modules(model)}
+    counts.update({(site, i): layer.fc1.out_features for site, i, layer in ffn_layers(model)})
+    return counts
 
 
 def latency_terms(
-    model: nn.Module, batch: dict, beam: int, steps: int, repeats: int = 3
+    task, model: nn.Module, batch: dict, beam: int, steps: int, repeats: int = 10
 ) -> tuple[float, float, dict[Unit, tuple[float, int]]]:
-    """(full model's seconds, unexplained seconds, {unit: (seconds per head/neuron, count)})."""
-    full = timed(model, batch, beam, steps, repeats)
-    per_unit = {}
-    for kind in UNIT_SITES:
-        smaller, removed = halved(model, kind)
-        saved = full - timed(smaller, batch, beam, steps, repeats)
-        per_unit[kind] = max(saved, 0.0) / max(removed, 1)
-    terms: dict[Unit, tuple[float, int]] = {}
-    for site, i, attn in attention_modules(model):
-        terms[site, i] = (per_unit[site], attn.num_heads)
-    for site, i, layer in ffn_layers(model):
-        terms[site, i] = (per_unit[site], layer.fc1.out_features)
-    explained = sum(c * n for c, n in terms.values())
-    if explained > full:  # timing noise: the units cannot take longer than the whole
-        terms = {u: (c * full / explained, n) for u, (c, n) in terms.items()}
-        explained = full
+    """(full model's seconds, the floor's seconds, {unit: (seconds per head/neuron, count)})."""
+    counts = unit_counts(model)
+    units = {k: sum(n for (site, _), n in counts.items() if site == k) for k in UNIT_SITES}
+    kinds = [k for k in UNIT_SITES if units[k]]
+    variants = {"full": model, "floor": without(model, kinds)}
+    variants.update({k: without(model, [k]) for k in kinds})
+    t = timed_rounds(
+        {n: forced_search(task, m, batch, beam, steps) for n, m in variants.items()}, repeats
+    )
+    full = t["full"]
+    saved = {k: max(full - t[k], 0.0) for k in kinds}
+    # what the kinds together explain: the full model's time above the floor, unless timing
+    # noise says removing them saves nothing (then nothing is prunable time)
+    explained = max(full - t["floor"], 0.0) if sum(saved.values()) > 0 else 0.0
+    scale = explained / sum(saved.values()) if explained else 0.0
+    per_unit = {k: saved.get(k, 0.0) * scale / max(units[k], 1) for k in UNIT_SITES}
+    terms = {(site, i): (per_unit[site], n) for (site, i), n in counts.items()}
     return full, full - explained, terms
+
+
+def latency_budget(args, task, model: nn.Module, budget: float, tgt_len: int) -> tuple:
+    """(seconds per unit, seconds the kept units may take, report) for ``--budget latency:F``,
+    timed on one batch of ``--latency-batch-size`` calibration sentences; a budget below the
+    floor is refused."""
+    batch = calibration_batches(
+        task, args.subset, args.latency_batch_size, args.latency_batch_size, args.seed
+    )[0]
+    full, floor, terms = latency_terms(task, model, batch, args.beam, tgt_len)
+    allowed = budget * full - floor
+    if allowed < 0:
+        raise HeadpruneError(
+            f"--budget latency:{budget}: no mask can meet it: {floor / full:.0%} of the "
+            f"measured {full:.3f} s (embeddings, output layer, beam search) is not prunable"
+        )
+    by_kind: dict[str, float] = {}
+    for (site, _), (c, n) in terms.items():
+        by_kind[site] = by_kind.get(site, 0.0) + c * n
+    report = {"seconds_full": full, "seconds_unprunable": floor, "seconds_by_kind": by_kind}
+    return {u: c for u, (c, _) in terms.items()}, allowed, report
