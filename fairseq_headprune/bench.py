@@ -302,11 +302,13 @@ def add_bench_parser(sub) -> None:
     p.add_argument("data", help="fairseq data-bin of the models")
     p.add_argument("--full", required=True, help="the unpruned checkpoint")
     p.add_argument("--pruned", required=True, help="the exported, pruned checkpoint")
-    p.add_argument("--subset", default="test")
+    p.add_argument("--subset", default="test", help="the sentences to time (default: test)")
     p.add_argument("--max-sentences", type=int, default=512, help="sentences to time")
     p.add_argument("--generate-sentences", type=int, default=0, help="cap for beam search (0: all)")
-    p.add_argument("--batch-sizes", type=int, nargs="+", default=[1, 16, 64])
-    p.add_argument("--beam", type=int, default=5)
+    p.add_argument(
+        "--batch-sizes", type=int, nargs="+", default=[1, 16, 64], help="sentences per batch"
+    )
+    p.add_argument("--beam", type=int, default=5, help="beam size (default: 5)")
     p.add_argument("--repeats", type=int, default=3, help="timed rounds; the best counts")
     p.add_argument("--memory", action="store_true", help="also measure peak RSS (subprocesses)")
     p.add_argument("--json-out", help="write the report as JSON here")

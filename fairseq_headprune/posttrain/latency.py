@@ -22,14 +22,13 @@ own time. Time it on an otherwise idle machine: other load makes the differences
 from __future__ import annotations
 
 import copy
-import time
 import warnings
 from argparse import Namespace
 from collections.abc import Callable, Iterable
 
-import torch
 from torch import nn
 
+from fairseq_headprune.bench import best_of
 from fairseq_headprune.errors import HeadpruneError
 from fairseq_headprune.posttrain.fisher import calibration_batches
 from fairseq_headprune.pruning import resize_attention, resize_ffn
@@ -43,27 +42,12 @@ from fairseq_headprune.sites import (
 )
 
 
-def forced_search(task, model: nn.Module, batch: dict, beam: int, steps: int):
-    """A function running fairseq's beam search (what ``fairseq-generate`` runs) on ``batch``
+def forced_search(task, model: nn.Module, beam: int, steps: int) -> Callable[[dict], list]:
+    """A function running fairseq's beam search (what ``fairseq-generate`` runs) on a batch
     with every hypothesis forced to ``steps`` tokens, so that every model does the same steps."""
     opts = Namespace(beam=beam, min_len=steps, max_len_a=0, max_len_b=steps)
     gen = task.build_generator([model], opts)
-    return lambda: task.inference_step(gen, [model], batch)
-
-
-def timed_rounds(runs: dict[str, Callable], repeats: int) -> dict[str, float]:
-    """Best wall time of each function over ``repeats`` rounds, interleaved within a round
-    (after a warm-up of each)."""
-    with torch.inference_mode():
-        for run in runs.values():
-            run()
-        best = dict.fromkeys(runs, float("inf"))
-        for _ in range(repeats):
-            for name, run in runs.items():
-                t0 = time.perf_counter()
-                run()
-                best[name] = min(best[name], time.perf_counter() - t0)
-    return best
+    return lambda batch: task.inference_step(gen, [model], batch)
 
 
 def without(model: nn.Module, kinds: Iterable[str]) -> nn.Module:
@@ -97,9 +81,8 @@ def latency_terms(
     kinds = [k for k in UNIT_SITES if units[k]]
     variants = {"full": model, "floor": without(model, kinds)}
     variants.update({k: without(model, [k]) for k in kinds})
-    t = timed_rounds(
-        {n: forced_search(task, m, batch, beam, steps) for n, m in variants.items()}, repeats
-    )
+    runs = {n: forced_search(task, m, beam, steps) for n, m in variants.items()}
+    t = best_of(runs, [batch], repeats)  # interleaved rounds, the best of each
     full = t["full"]
     saved = {k: max(full - t[k], 0.0) for k in kinds}
     # what the kinds together explain: the full model's time above the floor, unless timing
