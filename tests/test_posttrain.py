@@ -262,7 +262,6 @@ def test_latency_budget(stock_checkpoint, tiny_data, tmp_path, monkeypatch):
     # End to end with this machine's timings: how much of a tiny model's time heads and
     # neurons explain is timing noise, so only latency:1 (the full model's own time, which
     # every measurement allows) is feasible on every machine, and it keeps everything.
-    monkeypatch.undo()
     out = tmp_path / "lat.pt"
     proc = prune(tiny_data, stock_checkpoint, out, "--budget", "latency:1",
                   "--latency-batch-size", "4", "--json-out", f"{out}.json")  # fmt: skip

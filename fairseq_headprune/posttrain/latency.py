@@ -9,7 +9,8 @@ the same steps) is timed, round by round, for
 
 - the full model;
 - the floor: a copy with every head and neuron removed (embeddings, output layer, layer
-  norms and the beam search's own work are left), the time no pruning of heads and neurons removes;
+  norms and the beam search's own work are left), the time no pruning of heads and neurons
+  removes;
 - for each kind of unit (``enc-self``, ``dec-self``, ``dec-enc`` heads, ``enc-ffn``,
   ``dec-ffn`` neurons), a copy with that kind removed from every layer.
 
