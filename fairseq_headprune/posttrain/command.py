@@ -27,7 +27,7 @@ from fairseq_headprune.errors import HeadpruneError
 from fairseq_headprune.export import attention_layout, n_params, save_pruned_checkpoint
 from fairseq_headprune.macs import mac_terms, prunable_macs, total_macs
 from fairseq_headprune.posttrain.fisher import calibration_batches
-from fairseq_headprune.posttrain.latency import latency_budget
+from fairseq_headprune.posttrain.latency import latency_budget, predicted_seconds
 from fairseq_headprune.posttrain.masks import Masks
 from fairseq_headprune.posttrain.refit import refit
 from fairseq_headprune.posttrain.search import choose, parse_budget
@@ -152,11 +152,10 @@ def run_prune(args: argparse.Namespace) -> dict:
     elif args.tune == "weights":
         errors, weights = refit(model, masks, batches, args.reselect)
         keep = {u: masks.values[u] != 0 for u in keep}
-    if latency:  # the latency model's time for the units kept
-        cost = args.latency_costs[0]
-        kept_s = sum(cost[u] * int(k.sum()) for u, k in keep.items())
-        latency["seconds_pruned"] = latency["seconds_unprunable"] + kept_s
     stages["tuning"] = time.perf_counter() - start - sum(stages.values())
+    if latency:
+        floor, cost = latency["seconds_unprunable"], args.latency_costs[0]
+        latency["seconds_pruned"] = predicted_seconds(floor, cost, keep)
     report = export(state, model, masks, keep, args.out, args.force, weights)
     stages["export"] = time.perf_counter() - start - sum(stages.values())
     kept_macs = prunable_macs(terms, {u: int(k.sum()) for u, k in keep.items()})

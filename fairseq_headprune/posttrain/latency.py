@@ -114,3 +114,8 @@ def latency_budget(args, task, model: nn.Module, budget: float, tgt_len: int) ->
         by_kind[site] = by_kind.get(site, 0.0) + c * n
     report = {"seconds_full": full, "seconds_unprunable": floor, "seconds_by_kind": by_kind}
     return {u: c for u, (c, _) in terms.items()}, allowed, report
+
+
+def predicted_seconds(floor: float, cost: dict[Unit, float], keep: dict) -> float:
+    """The latency model's time for keeping ``keep[unit]`` (a boolean mask) of every unit."""
+    return floor + sum(cost[u] * int(k.sum()) for u, k in keep.items())
