@@ -29,7 +29,8 @@
 #   LAMBDAS       encoder-only --l0-lambda sweep [""]
 #   TARGETS       encoder-only --target-heads runs ["10 4"]
 #   JOINT_LAMBDAS λ of joint runs (HEAD_GATES enc-self,dec-self,dec-enc, decoder trained),
-#                 0 being the joint control with every head kept ["0"]
+#                 0 being the joint control with every head kept, the fair reference of
+#                 every joint run's phase 2 with the same seed ["0"]
 #   JOINT_TARGETS exact total budgets of joint runs, heads kept of 96 ["50 38 24 17": about
 #                 48, 60, 75 and 82 % pruned]
 #   CONTROLS      controls.sh's controls at each encoder-only run's budget
@@ -128,9 +129,13 @@ for run in "${runs[@]}"; do
   bash "$HERE/evaluate.sh" "$name" "$dir/checkpoint_last.pt"
   if [[ "$PHASE2_EPOCHS" -gt 0 ]]; then
     for seed in $PHASE2_SEEDS; do
+      # a joint run's fair reference: the joint λ = 0 control of the same phase-2 seed
+      reference=()
+      [[ "$name" == pruned-joint-* && "$name" != pruned-joint-l0 && " $JOINT_LAMBDAS " == *" 0 "* ]] \
+        && reference=(--reference "pruned-joint-l0-s$seed")
       study controls record --eval-dir "$WORK_DIR/eval/$name-s$seed" \
         --method two-phase --checkpoint "$dir/phase2-s$seed/checkpoint_best.pt" \
-        --kept "$dir/pruned.pt.heads.json" --seed "$seed"
+        --kept "$dir/pruned.pt.heads.json" --seed "$seed" "${reference[@]}"
       bash "$HERE/evaluate.sh" "$name-s$seed" "$dir/phase2-s$seed/checkpoint_best.pt"
     done
   fi

@@ -596,7 +596,7 @@ def test_full_study_in_one_command(quickstart_work, raw_dir):
     controls with the same fine-tuning, and the report."""
     work = quickstart_work  # K = 2: a run of its own (test_prune_… made enc-self-k3)
     _run(
-        "full.sh", work, raw_dir, LAMBDAS="0.05", TARGETS="2", JOINT_LAMBDAS="0.05",
+        "full.sh", work, raw_dir, LAMBDAS="0.05", TARGETS="2", JOINT_LAMBDAS="0 0.05",
         JOINT_TARGETS="", TRAIN_BASELINE="1",  # the quickstart's tiny baseline
         CONTROLS="masked random", SEEDS="1", TARGET_WARMUP="2", PRUNE_EPOCHS="8",
         GATE_LR_SCALE="1000",  # gates that close within 8 tiny epochs (32 updates or more)
@@ -608,6 +608,13 @@ def test_full_study_in_one_command(quickstart_work, raw_dir):
     assert two_phase["method"] == "two-phase" and two_phase["seed"] == 1
     assert two_phase["checkpoint"].endswith("enc-self-k2/phase2-s1/checkpoint_best.pt")
     assert (work / "eval" / "pruned-joint-l0.05-s1" / "test_2016_flickr.json").exists()
+    # a joint run is measured against the joint λ = 0 control of the same phase-2 seed
+    joint_record = json.loads((work / "eval" / "pruned-joint-l0.05-s1" / "model.json").read_text())
+    assert joint_record["reference"] == "pruned-joint-l0-s1"
+    assert (work / "eval" / "pruned-joint-l0-s1" / "test_2016_flickr.json").exists()
+    assert "reference" not in json.loads(
+        (work / "eval" / "pruned-joint-l0-s1" / "model.json").read_text()
+    )
     # the controls got phase 2's fine-tuning: the same epochs, patience and checkpoint rule
     control_log = (work / "controls" / "random-s1-k2" / "train.log").read_text()
     phase2_log = (work / "prune" / "enc-self-k2" / "phase2-s1" / "train.log").read_text()

@@ -262,3 +262,37 @@ def test_heads_table_compares_equal_head_counts_on_a_posttrain_baseline():
     assert models == ["baseline", "posttrain-heads6", "gated-k3", "posttrain-heads3",
                       "michel-heads3"]  # fmt: skip
     assert "| 3 / 4 / 4 | michel-heads3 | michel |" in table
+
+
+def test_joint_table_lists_joint_runs_with_their_seed_mean():
+    """tables --joint: every pruned-joint-* row with the share of all heads removed and its
+    difference to the reference, encoder-only rows left out, and the phase-2 seeds' mean ± sd
+    computed from the rows."""
+    from recipes.study.summary import COLUMNS
+    from recipes.study.tables_joint import joint_markdown
+
+    def row(model, method, kept, test, delta="", reference=""):
+        r = dict.fromkeys(COLUMNS, "")
+        r.update(dataset="d", baseline="b", model=model, method=method, heads_total="16",
+                 test_2016_flickr=test, valid=test, delta_test_2016_flickr=delta,
+                 delta_valid=delta, p_test_2016_flickr="0.5" if delta else "",
+                 reference=reference)  # fmt: skip
+        r["enc_self_kept"], r["dec_self_kept"], r["dec_enc_kept"] = map(str, kept)
+        return r
+
+    table = joint_markdown([
+        row("baseline", "baseline", (8, 4, 4), "30"),
+        row("pruned-k2", "target-heads", (2, 4, 4), "29"),
+        row("pruned-joint-l0-s1", "two-phase", (8, 4, 4), "31"),
+        row("pruned-joint-k4", "target-heads", (0, 1, 3), "26"),
+        row("pruned-joint-k4-s1", "two-phase", (0, 1, 3), "27", "-4.00", "pruned-joint-l0-s1"),
+        row("pruned-joint-k4-s2", "two-phase", (0, 1, 3), "28", "-3.00", "pruned-joint-l0-s2"),
+    ])  # fmt: skip
+    lines = table.splitlines()
+    models = [line.split(" | ")[0][2:] for line in lines[2:]]
+    assert models == ["pruned-joint-l0-s1", "pruned-joint-k4", "pruned-joint-k4-s1",
+                      "pruned-joint-k4-s2", "pruned-joint-k4, 2 seeds"]  # fmt: skip
+    assert "| 0 / 1 / 3 | 75 % |" in lines[3] and "| 8 / 4 / 4 | 0 % |" in lines[2]
+    assert "| -4.00 (0.5) | pruned-joint-l0-s1 |" in lines[4]
+    # 27 and 28: mean 27.50, sd 0.71; differences -4 and -3: -3.50 ± 0.71
+    assert "| 27.50 ± 0.71 |" in lines[-1] and "| -3.50 ± 0.71 |" in lines[-1]

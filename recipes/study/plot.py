@@ -14,6 +14,7 @@ STYLE = {
     "baseline": ("*", False),
     "voita": ("o", True),
     "target-heads": ("s", True),
+    "two-phase": ("p", True),
     "refit": ("P", True),
     "scratch": ("^", False),
     "michel": ("D", True),

@@ -42,8 +42,8 @@ SITES = ("enc-self", "dec-self", "dec-enc")
 FFN_SITES = ("enc-ffn", "dec-ffn")  # FFN neurons, pruned by fairseq-headprune prune
 # every method a row can have, in the order tables list them (then "exported", "?")
 METHODS = (
-    "baseline", "voita", "target-heads", "refit", "scratch", "michel", "random", "lrp", "masked",
-    "posttrain", "posttrain+ft",
+    "baseline", "voita", "target-heads", "two-phase", "refit", "scratch", "michel", "random",
+    "lrp", "masked", "posttrain", "posttrain+ft",
 )  # fmt: skip
 PRUNING_METHODS = ("voita", "target-heads")
 CONTROL_METHODS = ("masked", "refit", "scratch", "random", "michel", "lrp")

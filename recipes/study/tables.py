@@ -21,6 +21,7 @@ from recipes.study.records import (
     random_groups,
 )
 from recipes.study.significance import format_p
+from recipes.study.tables_joint import joint_markdown
 from recipes.study.tables_posttrain import heads_markdown, posttrain_markdown
 from recipes.study.training import training_markdown
 
@@ -232,8 +233,8 @@ def summary_markdown(rows: list[dict]) -> str:
 
 
 def main(argv: list[str] | None = None) -> None:
-    """``python -m recipes.study.tables results/summary.csv [--posttrain | --heads]``: print a
-    table."""
+    """``python -m recipes.study.tables results/summary.csv [--posttrain | --heads | --joint]``:
+    print a table."""
     p = argparse.ArgumentParser(description=summary_markdown.__doc__.split("\n")[0])
     p.add_argument("summary", type=Path, help="results/summary.csv")
     p.add_argument(
@@ -246,10 +247,17 @@ def main(argv: list[str] | None = None) -> None:
         action="store_true",
         help="heads only at equal head counts: post-training (heads:K), Michel et al., gated",
     )
+    p.add_argument(
+        "--joint",
+        action="store_true",
+        help="joint pruning of all three attention types against the joint λ = 0 control",
+    )
     args = p.parse_args(argv)
     with args.summary.open(encoding="utf-8") as f:
         rows = list(csv.DictReader(f))
-    if args.heads:
+    if args.joint:
+        print(joint_markdown(rows))
+    elif args.heads:
         print(heads_markdown(rows))
     else:
         print(posttrain_markdown(rows) if args.posttrain else summary_markdown(rows))

@@ -60,7 +60,7 @@ HEADS_HEADER = (
     "| heads kept (enc / dec-self / dec-enc) | model | method | setting | valid | test 2016 "
     "| test 2017 | mscoco | Δ 2016 (vs) | p |"
 )
-HEAD_METHODS = ("target-heads", "voita", "posttrain", "michel", "posttrain+ft")
+HEAD_METHODS = ("target-heads", "voita", "two-phase", "posttrain", "michel", "posttrain+ft")
 
 
 def heads_markdown(rows: list[dict]) -> str:

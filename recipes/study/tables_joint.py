@@ -1,0 +1,82 @@
+"""Joint pruning of all three attention types as in Voita et al. 2019 ("Analyzing Multi-Head
+Self-Attention: Specialized Heads Do the Heavy Lifting, the Rest Can Be Pruned", Table 3), from
+``results/summary.csv``: printed by ``python -m recipes.study.tables results/summary.csv
+--joint``.
+"""
+
+from __future__ import annotations
+
+import re
+
+from recipes.study.records import mean_sd
+
+JOINT_HEADER = (
+    "| model | method | setting | heads kept (enc / dec-self / dec-enc) | heads removed "
+    "| valid | test 2016 | BP 2016 | length ratio 2016 | Δ valid (p) | Δ 2016 (p) | vs |"
+)
+SITES = ("enc_self_kept", "dec_self_kept", "dec_enc_kept")
+
+
+def is_joint_run(r: dict) -> bool:
+    """A joint run of ``recipes/full.sh`` (``pruned-joint-*``): the end of its phase 1 (the
+    one-phase model) or its phase 2 with one seed (``-s<seed>``)."""
+    return r["model"].startswith("pruned-joint-")
+
+
+def removed(r: dict) -> str:
+    """The share of all heads removed, e.g. ``75 %``."""
+    kept = sum(int(r[k] or 0) for k in SITES)
+    total = int(r["heads_total"] or 0)
+    return f"{100 * (total - kept) / total:.0f} %" if total else "–"
+
+
+def difference(r: dict, split: str) -> str:
+    delta, p = r[f"delta_{split}"], r[f"p_{split}"]
+    return f"{delta} ({p})" if delta else "–"
+
+
+def seed_means(shown: list[dict]) -> list[str]:
+    """Mean ± sd over the phase-2 seeds of each run that has two or more."""
+    groups: dict[tuple, list[dict]] = {}
+    for r in shown:
+        run = re.fullmatch(r"(.+)-s\d+", r["model"])
+        if r["method"] == "two-phase" and run:
+            groups.setdefault((r["baseline"], run.group(1)), []).append(r)
+    lines = []
+    for (baseline, run), group in sorted(groups.items()):
+        if len(group) < 2:
+            continue
+        cells = []
+        for column in ("valid", "test_2016_flickr", "delta_valid", "delta_test_2016_flickr"):
+            m, sd = mean_sd([float(r[column]) for r in group if r[column]] or [float("nan")])
+            sign = "+" if column.startswith("delta") else ""
+            cells.append(f"{m:{sign}.2f} ± {sd:.2f}" if sd is not None else "–")
+        lines.append(
+            f"| {run}, {len(group)} seeds | mean ± sd | {baseline} | | | {cells[0]} | "
+            f"{cells[1]} | | | {cells[2]} | {cells[3]} | |"
+        )
+    return lines
+
+
+def joint_markdown(rows: list[dict]) -> str:
+    """Every joint run (gates on encoder self-, decoder self- and encoder–decoder attention),
+    per baseline and heads kept: the share of all heads removed, BLEU, brevity penalty and
+    length ratio, and the paired difference to its fair reference (the joint λ = 0 control
+    fine-tuned alike, where it was run; else the baseline); then the seeds' mean ± sd."""
+    shown = [r for r in rows if is_joint_run(r)]
+
+    def order(r: dict) -> tuple:
+        kept = -sum(int(r[k] or 0) for k in SITES)
+        return r["dataset"], r["baseline"], kept, r["method"] == "two-phase", r["model"]
+
+    lines = [JOINT_HEADER, "|---|---|---|---|" + "---:|" * 7 + "---|"]
+    for r in sorted(shown, key=order):
+        cells = [
+            r["model"], r["method"], f"{r['baseline']}: {r['setting']}",
+            " / ".join(r[k] or "?" for k in SITES), removed(r),
+            *(f"{float(r[s]):.2f}" if r[s] else "–" for s in ("valid", "test_2016_flickr")),
+            r["bp_test_2016_flickr"] or "–", r["len_ratio_test_2016_flickr"] or "–",
+            difference(r, "valid"), difference(r, "test_2016_flickr"), r["reference"] or "–",
+        ]  # fmt: skip
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines + seed_means(shown))
