@@ -632,8 +632,8 @@ def test_full_study_in_one_command(quickstart_work, raw_dir):
     assert "dec-enc" in rows["pruned-joint-l0.05"]  # the joint run lists the other types
     points = report.split("## Operating points")[1].split("##")[0].splitlines()
     assert any(line.startswith("| full model | baseline |") for line in points)
-    joint_point = next(line for line in points if line.startswith("| joint pruning |"))
-    assert "pruned-joint-l0.05" in joint_point and "dec-enc" in joint_point
+    joint_point = next(line for line in points if "| pruned-joint-l0.05 |" in line)
+    assert joint_point.startswith("| joint pruning |") and "dec-enc" in joint_point
     budget_point = next(line for line in points if "| pruned-k2 |" in line)
     assert budget_point.startswith("| ~4 encoder heads |")  # 2 of 8: within half of 4
     # controls at the budget of each encoder-only run (k2: the exact-budget run)

@@ -254,13 +254,14 @@ def test_heads_table_compares_equal_head_counts_on_a_posttrain_baseline():
         row("b", "michel-heads3", "michel", (3, 4, 4)),
         row("b", "posttrain-heads3", "posttrain", (3, 4, 4), ("6", "6", "12")),
         row("b", "gated-k3", "target-heads", (3, 4, 4)),
+        row("b", "gated-k3-s1", "two-phase", (3, 4, 4), reference="gated-k3"),
         row("b", "posttrain-heads6", "posttrain", (6, 4, 4), ("6", "6", "12")),
         row("b", "posttrain-macs0.5", "posttrain", (8, 4, 4), ("3", "6", "12")),
         row("other", "michel-k3", "michel", (3, 4, 4)),
     ])  # fmt: skip
     models = [line.split(" | ")[1] for line in table.splitlines()[2:]]
-    assert models == ["baseline", "posttrain-heads6", "gated-k3", "posttrain-heads3",
-                      "michel-heads3"]  # fmt: skip
+    assert models == ["baseline", "posttrain-heads6", "gated-k3", "gated-k3-s1",
+                      "posttrain-heads3", "michel-heads3"]  # fmt: skip
     assert "| 3 / 4 / 4 | michel-heads3 | michel |" in table
 
 

@@ -1,7 +1,7 @@
-"""Joint pruning of all three attention types as in Voita et al. 2019 ("Analyzing Multi-Head
-Self-Attention: Specialized Heads Do the Heavy Lifting, the Rest Can Be Pruned", Table 3), from
-``results/summary.csv``: printed by ``python -m recipes.study.tables results/summary.csv
---joint``.
+"""Joint pruning of all three attention types, as in Voita et al. 2019 ("Analyzing Multi-Head
+Self-Attention: Specialized Heads Do the Heavy Lifting, the Rest Can Be Pruned"), against the
+joint λ = 0 control, from ``results/summary.csv``: printed by ``python -m recipes.study.tables
+results/summary.csv --joint``.
 """
 
 from __future__ import annotations

@@ -19,8 +19,10 @@ def heads_only(r: dict) -> bool:
 
 
 def with_references(shown: list[dict], rows: list[dict]) -> list[dict]:
-    """``shown`` and, from ``rows``, the reference row each of them is measured against."""
+    """``shown`` and, from ``rows``, the reference row each of them is measured against (once:
+    a reference shown already is not added again)."""
     references = {(r["dataset"], r["baseline"], r["reference"]) for r in shown}
+    references -= {(r["dataset"], r["baseline"], r["model"]) for r in shown}
     return shown + [r for r in rows if (r["dataset"], r["baseline"], r["model"]) in references]
 
 
