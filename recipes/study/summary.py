@@ -44,6 +44,14 @@ def column(split: str) -> str:
     return COLUMN.get(split, split)
 
 
+HEADS_KEPT = tuple(f"{s.replace('-', '_')}_kept" for s in SITES)  # columns, in SITES' order
+
+
+def heads_kept(row: dict) -> str:
+    """A row's heads kept per attention type: ``enc-self / dec-self / dec-enc``."""
+    return " / ".join(row[k] or "?" for k in HEADS_KEPT)
+
+
 COLUMNS = [
     "dataset", "baseline", "model", "method", "setting", "seed",
     "enc_self_kept", "dec_self_kept", "dec_enc_kept", "heads_total",
@@ -114,7 +122,7 @@ def make_row(r: dict, record: dict, checked: dict) -> dict:
     row = {
         "model": r["name"], "method": r["method"], "setting": r["setting"],
         "seed": record.get("seed", ""),
-        **{f"{s.replace('-', '_')}_kept": heads[s][0] if s in heads else "" for s in SITES},
+        **{k: heads[s][0] if s in heads else "" for s, k in zip(SITES, HEADS_KEPT)},
         "heads_total": sum(v[1] for v in heads.values() if v[1]) if heads else "",
         **{f"{s.replace('-', '_')}_kept": ffn[s][0] if s in ffn else "" for s in FFN_SITES},
         "ffn_total": sum(v[1] for v in ffn.values()) if ffn else "",

@@ -21,6 +21,7 @@ from recipes.study.records import (
     random_groups,
 )
 from recipes.study.significance import format_p
+from recipes.study.summary import heads_kept
 from recipes.study.tables_joint import joint_markdown
 from recipes.study.tables_posttrain import heads_markdown, posttrain_markdown
 from recipes.study.training import training_markdown
@@ -218,14 +219,14 @@ def summary_markdown(rows: list[dict]) -> str:
 
     lines = [SUMMARY_HEADER, "|---|---|---|---|---|" + "---:|" * 7]
     for r in sorted(rows, key=key):
-        kept = " / ".join(r[k] or "?" for k in ("enc_self_kept", "dec_self_kept", "dec_enc_kept"))
         method = r["method"] + (f" ({r['setting']})" if r["setting"] else "")
         delta = f"{r['delta_test_2016_flickr']} ({r['reference']})" if r["reference"] else "–"
         splits = ("valid", "test_2016_flickr", "test_2017_flickr", "test_2017_mscoco")
         bleu = [f"{float(r[s]):.2f}" if r[s] else "–" for s in splits]
         bp = f"{float(r['bp_test_2016_flickr']):.3f}" if r["bp_test_2016_flickr"] else "–"
         cells = [
-            r["baseline"], r["model"], method, kept, r["checkpoint"] or "–", *bleu, bp, delta,
+            r["baseline"], r["model"], method, heads_kept(r), r["checkpoint"] or "–", *bleu, bp,
+            delta,
             r["p_test_2016_flickr"] or "–",
         ]  # fmt: skip
         lines.append("| " + " | ".join(cells) + " |")

@@ -9,12 +9,12 @@ from __future__ import annotations
 import re
 
 from recipes.study.records import mean_sd
+from recipes.study.summary import HEADS_KEPT, heads_kept
 
 JOINT_HEADER = (
     "| model | method | setting | heads kept (enc / dec-self / dec-enc) | heads removed "
     "| valid | test 2016 | BP 2016 | length ratio 2016 | Δ valid (p) | Δ 2016 (p) | vs |"
 )
-SITES = ("enc_self_kept", "dec_self_kept", "dec_enc_kept")
 
 
 def is_joint_run(r: dict) -> bool:
@@ -25,7 +25,7 @@ def is_joint_run(r: dict) -> bool:
 
 def removed(r: dict) -> str:
     """The share of all heads removed, e.g. ``75 %``."""
-    kept = sum(int(r[k] or 0) for k in SITES)
+    kept = sum(int(r[k] or 0) for k in HEADS_KEPT)
     total = int(r["heads_total"] or 0)
     return f"{100 * (total - kept) / total:.0f} %" if total else "–"
 
@@ -48,9 +48,13 @@ def seed_means(shown: list[dict]) -> list[str]:
             continue
         cells = []
         for column in ("valid", "test_2016_flickr", "delta_valid", "delta_test_2016_flickr"):
-            m, sd = mean_sd([float(r[column]) for r in group if r[column]] or [float("nan")])
+            values = [float(r[column]) for r in group if r[column]]
+            if len(values) < 2:
+                cells.append("–")
+                continue
+            m, sd = mean_sd(values)
             sign = "+" if column.startswith("delta") else ""
-            cells.append(f"{m:{sign}.2f} ± {sd:.2f}" if sd is not None else "–")
+            cells.append(f"{m:{sign}.2f} ± {sd:.2f}")
         lines.append(
             f"| {run}, {len(group)} seeds | mean ± sd | {baseline} | | | {cells[0]} | "
             f"{cells[1]} | | | {cells[2]} | {cells[3]} | |"
@@ -66,14 +70,14 @@ def joint_markdown(rows: list[dict]) -> str:
     shown = [r for r in rows if is_joint_run(r)]
 
     def order(r: dict) -> tuple:
-        kept = -sum(int(r[k] or 0) for k in SITES)
+        kept = -sum(int(r[k] or 0) for k in HEADS_KEPT)
         return r["dataset"], r["baseline"], kept, r["method"] == "two-phase", r["model"]
 
     lines = [JOINT_HEADER, "|---|---|---|---|" + "---:|" * 7 + "---|"]
     for r in sorted(shown, key=order):
         cells = [
             r["model"], r["method"], f"{r['baseline']}: {r['setting']}",
-            " / ".join(r[k] or "?" for k in SITES), removed(r),
+            heads_kept(r), removed(r),
             *(f"{float(r[s]):.2f}" if r[s] else "–" for s in ("valid", "test_2016_flickr")),
             r["bp_test_2016_flickr"] or "–", r["len_ratio_test_2016_flickr"] or "–",
             difference(r, "valid"), difference(r, "test_2016_flickr"), r["reference"] or "–",

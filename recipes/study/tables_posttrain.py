@@ -7,6 +7,8 @@ results/summary.csv --posttrain`` / ``--heads``.
 
 from __future__ import annotations
 
+from recipes.study.summary import HEADS_KEPT, heads_kept
+
 
 def ffn_kept(r: dict) -> int:
     """FFN neurons a summary row kept, encoder and decoder together."""
@@ -41,7 +43,6 @@ def posttrain_markdown(rows: list[dict]) -> str:
     shown = with_references(shown, rows)
     lines = [POSTTRAIN_HEADER, "|---|---|---|---|" + "---:|" * 8]
     for r in sorted(shown, key=lambda r: (r["method"], -float(r["params"] or 1e12), r["model"])):
-        kept = " / ".join(r[k] or "?" for k in ("enc_self_kept", "dec_self_kept", "dec_enc_kept"))
         ffn = f"{ffn_kept(r)} / {r['ffn_total']}" if r["ffn_total"] else "all"
         params = f"{int(r['params']) / 1e6:.2f} M" if r["params"] else "–"
         measured = " / ".join(f"{float(r[k]):.2f}×" if r[k] else "–" for k in
@@ -49,7 +50,7 @@ def posttrain_markdown(rows: list[dict]) -> str:
         predicted = f"{float(r['speedup_predicted']):.2f}×" if r["speedup_predicted"] else "–"
         delta = f"{r['delta_test_2016_flickr']} ({r['reference']})" if r["reference"] else "–"
         cells = [
-            r["model"], r["setting"], kept, ffn, params, predicted, measured,
+            r["model"], r["setting"], heads_kept(r), ffn, params, predicted, measured,
             *(f"{float(r[s]):.2f}" if r[s] else "–" for s in ("valid", "test_2016_flickr")),
             r["len_ratio_test_2016_flickr"] or "–", delta,
             r["p_test_2016_flickr"] or "–",
@@ -78,11 +79,10 @@ def heads_markdown(rows: list[dict]) -> str:
         and heads_only(r)
     ]
     shown = with_references(shown, rows)
-    sites = ("enc_self_kept", "dec_self_kept", "dec_enc_kept")
     lines = [HEADS_HEADER, "|---|---|---|---|" + "---:|" * 6]
 
     def order(r: dict) -> tuple:
-        kept = [-int(r[k] or 0) for k in sites]
+        kept = [-int(r[k] or 0) for k in HEADS_KEPT]
         method = HEAD_METHODS.index(r["method"]) if r["method"] in HEAD_METHODS else -1
         trained = bool(r["seed"])  # fine-tuned after pruning: after the rows without
         return (r["dataset"], r["baseline"], sum(kept), kept, trained, method, r["model"])
@@ -90,7 +90,7 @@ def heads_markdown(rows: list[dict]) -> str:
     for r in sorted(shown, key=order):
         delta = f"{r['delta_test_2016_flickr']} ({r['reference']})" if r["reference"] else "–"
         cells = [
-            " / ".join(r[k] or "?" for k in sites), r["model"], r["method"], r["setting"],
+            heads_kept(r), r["model"], r["method"], r["setting"],
             *(f"{float(r[s]):.2f}" if r[s] else "–" for s in
               ("valid", "test_2016_flickr", "test_2017_flickr", "test_2017_mscoco")),
             delta, r["p_test_2016_flickr"] or "–",
