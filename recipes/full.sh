@@ -32,7 +32,8 @@
 #                 0 being the joint control with every head kept, the fair reference of
 #                 every joint run's phase 2 with the same seed ["0"]
 #   JOINT_TARGETS exact total budgets of joint runs, heads kept of 96 ["50 38 24 17": about
-#                 48, 60, 75 and 82 % pruned]
+#                 48, 60, 75 and 82 % pruned]; an entry TYPE:K,... is one budget per
+#                 attention type (e.g. enc-self:8,dec-self:7,dec-enc:9, run joint-k8-dec-self7-dec-enc9)
 #   CONTROLS      controls.sh's controls at each encoder-only run's budget
 #                 ["masked refit scratch random michel lrp"]; "" skips them
 #   PRUNE_EPOCHS  phase 1 (gated) epochs [10]
@@ -116,7 +117,9 @@ for lambda in $JOINT_LAMBDAS; do
     HEAD_GATES="$JOINT_GATES" FREEZE_DECODER=0
 done
 for k in $JOINT_TARGETS; do
-  prune "pruned-joint-k$k" "$WORK_DIR/prune/joint-k$k" TARGET_HEADS="$k" \
+  tag="k$k"  # per-type budgets: the tag of controls.sh's runs, e.g. k8-dec-self7-dec-enc9
+  [[ "$k" == *:* ]] && tag="$(study controls budget --baseline "$BASELINE" --spec "$k" | head -1)"
+  prune "pruned-joint-$tag" "$WORK_DIR/prune/joint-$tag" TARGET_HEADS="$k" \
     HEAD_GATES="$JOINT_GATES" FREEZE_DECODER=0
 done
 for pid in "${pids[@]}"; do  # a failed run stops the study, as it does without JOBS
@@ -126,13 +129,18 @@ done
 mkdir -p "$WORK_DIR/report"
 for run in "${runs[@]}"; do
   name="${run%%=*}" dir="${run#*=}"
+  # a joint run's fair reference: the joint λ = 0 control, at the end of phase 1 and of
+  # phase 2 with the same seed
+  control=""
+  [[ "$name" == pruned-joint-* && "$name" != pruned-joint-l0 && " $JOINT_LAMBDAS " == *" 0 "* ]] \
+    && control=pruned-joint-l0
+  study controls record-gated --eval-dir "$WORK_DIR/eval/$name" \
+    --checkpoint "$dir/checkpoint_last.pt" ${control:+--reference "$control"}
   bash "$HERE/evaluate.sh" "$name" "$dir/checkpoint_last.pt"
   if [[ "$PHASE2_EPOCHS" -gt 0 ]]; then
     for seed in $PHASE2_SEEDS; do
-      # a joint run's fair reference: the joint λ = 0 control of the same phase-2 seed
       reference=()
-      [[ "$name" == pruned-joint-* && "$name" != pruned-joint-l0 && " $JOINT_LAMBDAS " == *" 0 "* ]] \
-        && reference=(--reference "pruned-joint-l0-s$seed")
+      [[ -n "$control" ]] && reference=(--reference "$control-s$seed")
       study controls record --eval-dir "$WORK_DIR/eval/$name-s$seed" \
         --method two-phase --checkpoint "$dir/phase2-s$seed/checkpoint_best.pt" \
         --kept "$dir/pruned.pt.heads.json" --seed "$seed" "${reference[@]}"

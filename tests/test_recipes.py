@@ -592,12 +592,14 @@ def test_report_averages_best_and_last_checkpoints_apart(tmp_path):
 
 
 def test_full_study_in_one_command(quickstart_work, raw_dir):
-    """recipes/full.sh: λ sweep, an exact budget, a joint run, the two-phase protocol,
-    controls with the same fine-tuning, and the report."""
+    """recipes/full.sh: λ sweep, an exact budget, a joint run with one budget per attention
+    type and its λ = 0 control, the two-phase protocol, controls with the same fine-tuning,
+    and the report."""
     work = quickstart_work  # K = 2: a run of its own (test_prune_… made enc-self-k3)
     _run(
-        "full.sh", work, raw_dir, LAMBDAS="0.05", TARGETS="2", JOINT_LAMBDAS="0 0.05",
-        JOINT_TARGETS="", TRAIN_BASELINE="1",  # the quickstart's tiny baseline
+        "full.sh", work, raw_dir, LAMBDAS="0.05", TARGETS="2", JOINT_LAMBDAS="0",
+        JOINT_TARGETS="enc-self:4,dec-self:2,dec-enc:3",
+        TRAIN_BASELINE="1",  # the quickstart's tiny baseline
         CONTROLS="masked random", SEEDS="1", TARGET_WARMUP="2", PRUNE_EPOCHS="8",
         GATE_LR_SCALE="1000",  # gates that close within 8 tiny epochs (32 updates or more)
         PHASE2_EPOCHS="2", PATIENCE="1", PHASE2_SEEDS="1", JOBS="2",  # runs side by side
@@ -607,10 +609,20 @@ def test_full_study_in_one_command(quickstart_work, raw_dir):
     two_phase = json.loads((work / "eval" / "pruned-k2-s1" / "model.json").read_text())
     assert two_phase["method"] == "two-phase" and two_phase["seed"] == 1
     assert two_phase["checkpoint"].endswith("enc-self-k2/phase2-s1/checkpoint_best.pt")
-    assert (work / "eval" / "pruned-joint-l0.05-s1" / "test_2016_flickr.json").exists()
-    # a joint run is measured against the joint λ = 0 control of the same phase-2 seed
-    joint_record = json.loads((work / "eval" / "pruned-joint-l0.05-s1" / "model.json").read_text())
+    joint_name = "pruned-joint-k4-dec-self2-dec-enc3"  # named by its per-type budget
+    assert (work / "eval" / f"{joint_name}-s1" / "test_2016_flickr.json").exists()
+    # a joint run is measured against the joint λ = 0 control: phase 2 against the control's
+    # phase 2 with the same seed, phase 1 (a record of its own: heads from the gates) against
+    # the control's phase 1
+    joint_record = json.loads((work / "eval" / f"{joint_name}-s1" / "model.json").read_text())
     assert joint_record["reference"] == "pruned-joint-l0-s1"
+    phase1 = json.loads((work / "eval" / joint_name / "model.json").read_text())
+    assert phase1["method"] == "target-heads" and phase1["reference"] == "pruned-joint-l0"
+    assert phase1["heads"] == {"enc-self": [4, 8], "dec-self": [2, 4], "dec-enc": [3, 4]}
+    assert phase1["gated"] == ["enc-self", "dec-self", "dec-enc"]
+    assert "reference" not in json.loads(
+        (work / "eval" / "pruned-joint-l0" / "model.json").read_text()
+    )
     assert (work / "eval" / "pruned-joint-l0-s1" / "test_2016_flickr.json").exists()
     assert "reference" not in json.loads(
         (work / "eval" / "pruned-joint-l0-s1" / "model.json").read_text()
@@ -621,25 +633,26 @@ def test_full_study_in_one_command(quickstart_work, raw_dir):
     for setting in ("'max_epoch': 2", "'patience': 1"):
         assert setting in control_log and setting in phase2_log, setting
     assert not (work / "eval" / "random-s1-k2-last").exists()
-    joint = work / "prune" / "joint-l0.05"
+    joint = work / "prune" / "joint-k4-dec-self2-dec-enc3"
     assert (joint / "DONE").exists()
     log = (joint / "train.log").read_text()
     assert "head_gates='enc-self,dec-self,dec-enc'" in log and "freeze_decoder=False" in log
+    assert "'target_heads': 'enc-self:4,dec-self:2,dec-enc:3'" in log
     report = (work / "report" / "report.md").read_text()
     table = report.split("\n## ")[0]  # the BLEU-vs-heads table
     rows = {line.split("|")[1].strip(): line for line in table.splitlines() if "|" in line}
     assert "| voita |" in rows["pruned-l0.05"] and "| target-heads |" in rows["pruned-k2"]
-    assert "dec-enc" in rows["pruned-joint-l0.05"]  # the joint run lists the other types
+    assert "dec-enc" in rows[joint_name]  # the joint run lists the other types
     points = report.split("## Operating points")[1].split("##")[0].splitlines()
     assert any(line.startswith("| full model | baseline |") for line in points)
-    joint_point = next(line for line in points if "| pruned-joint-l0.05 |" in line)
+    joint_point = next(line for line in points if f"| {joint_name} |" in line)
     assert joint_point.startswith("| joint pruning |") and "dec-enc" in joint_point
     budget_point = next(line for line in points if "| pruned-k2 |" in line)
     assert budget_point.startswith("| ~4 encoder heads |")  # 2 of 8: within half of 4
     # controls at the budget of each encoder-only run (k2: the exact-budget run)
     assert (work / "eval" / "random-s1-k2" / "test_2016_flickr.json").exists()
     assert (work / "eval" / "masked-enc-self-k2-checkpoint_last" / "model.json").exists()
-    for run in ("enc-self-l0.05", "enc-self-k2", "joint-l0.05"):
+    for run in ("enc-self-l0.05", "enc-self-k2", joint.name):
         trajectory = (work / "report" / f"trajectory-{run}.txt").read_text()
         assert "Spearman ρ(lrp, closing update)" in trajectory, run
     scores = json.loads((work / "scores-baseline" / "heads.json").read_text())
@@ -659,7 +672,7 @@ def test_full_study_in_one_command(quickstart_work, raw_dir):
     assert "| ρ(positional_fraction) |" in closing  # the positional heads' closing order too
     paired = json.loads((work / "report" / "paired_bootstrap.json").read_text())
     assert paired["against"] == "baseline" and "pruned-k2" in paired["models"]
-    assert any(line.startswith("| pruned-joint-l0.05 |") for line in closing.splitlines())
+    assert any(line.startswith(f"| {joint_name} |") for line in closing.splitlines())
 
 
 def test_report_from_committed_files(quickstart_work, tmp_path):

@@ -26,6 +26,11 @@ Subcommands (each writes JSON that ``fairseq-headprune export --mask`` reads):
   per attention type, from CKPT; ``"selected": "last"`` for a run's last checkpoint, whose
   random draws it averages apart from those of best checkpoints; ``"reference"``: the NAME
   of the fair reference, e.g. the full model fine-tuned alike).
+- ``record-gated --eval-dir DIR --checkpoint CKPT [--setting TEXT] [--reference NAME]``: the
+  same for a gated run's last checkpoint (phase 1 of the two-phase protocol, or the
+  one-phase model): method, setting, gated types and heads kept from its deterministic gates
+  (``recipes.study.records.checkpoint_info``), and the run's folder (``run_dir``), so that the
+  row still reads when the checkpoint is gone.
 """
 
 from __future__ import annotations
@@ -33,6 +38,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import os
 import sys
 from pathlib import Path
 
@@ -146,6 +152,25 @@ def cmd_record(args: argparse.Namespace) -> None:
     write_json(str(Path(args.eval_dir) / "model.json"), record)
 
 
+def cmd_record_gated(args: argparse.Namespace) -> None:
+    from recipes.study.records import checkpoint_info
+
+    checkpoint = Path(args.checkpoint).resolve()
+    info = checkpoint_info(checkpoint)
+    if not info["gated"]:
+        raise SystemExit(f"record-gated: {args.checkpoint} has no head gates (not a gated run)")
+    eval_dir = Path(args.eval_dir).resolve()
+    eval_dir.mkdir(parents=True, exist_ok=True)
+    record = {
+        "method": info["method"], "setting": args.setting or info["setting"],
+        "heads": info["heads"], "gated": info["gated"], "checkpoint": str(checkpoint),
+        "kept_heads": info["kept"], "run_dir": os.path.relpath(checkpoint.parent, eval_dir),
+    }  # fmt: skip
+    if args.reference:
+        record["reference"] = args.reference
+    write_json(str(eval_dir / "model.json"), record)
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     sub = parser.add_subparsers(dest="cmd", required=True)
@@ -188,6 +213,12 @@ def main(argv: list[str] | None = None) -> None:
         help="the checkpoint is the run's last, not its best by validation nll (the default)",
     )
     p.set_defaults(func=cmd_record)
+    p = sub.add_parser("record-gated")
+    p.add_argument("--eval-dir", required=True)
+    p.add_argument("--checkpoint", required=True, help="the gated run's checkpoint_last.pt")
+    p.add_argument("--setting", help="the report table's setting column (default: λ or budget)")
+    p.add_argument("--reference", help="NAME of the fair reference (default: the baseline)")
+    p.set_defaults(func=cmd_record_gated)
     args = parser.parse_args(argv)
     args.func(args)
 
