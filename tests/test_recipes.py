@@ -675,6 +675,20 @@ def test_full_study_in_one_command(quickstart_work, raw_dir):
     assert any(line.startswith(f"| {joint_name} |") for line in closing.splitlines())
 
 
+def test_record_gated_refuses_a_model_without_gates(quickstart_work, tmp_path):
+    """A phase-1 record reads the heads from a gated run's gates: a stock model is refused
+    with one line naming it, and nothing is written."""
+    baseline = quickstart_work / "baseline" / "checkpoint_best.pt"
+    proc = subprocess.run(
+        [str(BIN / "python"), "-m", "recipes.study.controls", "record-gated",
+         "--eval-dir", str(tmp_path / "eval"), "--checkpoint", str(baseline)],
+        capture_output=True, text=True, cwd=REPO,
+    )  # fmt: skip
+    assert proc.returncode != 0
+    assert proc.stderr.strip().splitlines()[-1].endswith("has no head gates (not a gated run)")
+    assert not (tmp_path / "eval").exists()
+
+
 def test_report_from_committed_files(quickstart_work, tmp_path):
     """The run folder gone: a report from what a study commits (evaluations, hypotheses,
     model.json records, the gate trajectory) and the raw text elsewhere (--raw-dir) has the
