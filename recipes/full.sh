@@ -33,7 +33,8 @@
 #                 every joint run's phase 2 with the same seed ["0"]
 #   JOINT_TARGETS exact total budgets of joint runs, heads kept of 96 ["50 38 24 17": about
 #                 48, 60, 75 and 82 % pruned]; an entry TYPE:K,... is one budget per
-#                 attention type (e.g. enc-self:8,dec-self:7,dec-enc:9, run joint-k8-dec-self7-dec-enc9)
+#                 attention type (enc-self:8,dec-self:7,dec-enc:9: run
+#                 pruned-joint-k8-dec-self7-dec-enc9)
 #   CONTROLS      controls.sh's controls at each encoder-only run's budget
 #                 ["masked refit scratch random michel lrp"]; "" skips them
 #   PRUNE_EPOCHS  phase 1 (gated) epochs [10]
