@@ -44,7 +44,13 @@ def column(split: str) -> str:
     return COLUMN.get(split, split)
 
 
-HEADS_KEPT = tuple(f"{s.replace('-', '_')}_kept" for s in SITES)  # columns, in SITES' order
+def kept_column(site: str) -> str:
+    """The column of the heads (or FFN neurons) a row kept of one site: ``enc_self_kept``."""
+    return f"{site.replace('-', '_')}_kept"
+
+
+HEADS_KEPT = tuple(map(kept_column, SITES))  # columns, in SITES' order
+FFN_KEPT = tuple(map(kept_column, FFN_SITES))
 
 
 def heads_kept(row: dict) -> str:
@@ -54,8 +60,7 @@ def heads_kept(row: dict) -> str:
 
 COLUMNS = [
     "dataset", "baseline", "model", "method", "setting", "seed",
-    "enc_self_kept", "dec_self_kept", "dec_enc_kept", "heads_total",
-    "enc_ffn_kept", "dec_ffn_kept", "ffn_total",
+    *HEADS_KEPT, "heads_total", *FFN_KEPT, "ffn_total",
     "params", "speedup_predicted", "speedup_b16", "speedup_b64",
     "checkpoint",
     *(column(s) for s in SPLITS),
@@ -124,7 +129,7 @@ def make_row(r: dict, record: dict, checked: dict) -> dict:
         "seed": record.get("seed", ""),
         **{k: heads[s][0] if s in heads else "" for s, k in zip(SITES, HEADS_KEPT)},
         "heads_total": sum(v[1] for v in heads.values() if v[1]) if heads else "",
-        **{f"{s.replace('-', '_')}_kept": ffn[s][0] if s in ffn else "" for s in FFN_SITES},
+        **{k: ffn[s][0] if s in ffn else "" for s, k in zip(FFN_SITES, FFN_KEPT)},
         "ffn_total": sum(v[1] for v in ffn.values()) if ffn else "",
         "params": record.get("params", ""),
         "speedup_predicted": record.get("predicted_speedup", ""),

@@ -7,12 +7,12 @@ results/summary.csv --posttrain`` / ``--heads``.
 
 from __future__ import annotations
 
-from recipes.study.summary import HEADS_KEPT, heads_kept
+from recipes.study.summary import FFN_KEPT, HEADS_KEPT, heads_kept
 
 
 def ffn_kept(r: dict) -> int:
     """FFN neurons a summary row kept, encoder and decoder together."""
-    return int(r["enc_ffn_kept"] or 0) + int(r["dec_ffn_kept"] or 0)
+    return sum(int(r[k] or 0) for k in FFN_KEPT)
 
 
 def heads_only(r: dict) -> bool:
