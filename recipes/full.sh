@@ -144,7 +144,8 @@ for run in "${runs[@]}"; do
       [[ -n "$control" ]] && reference=(--reference "$control-s$seed")
       study controls record --eval-dir "$WORK_DIR/eval/$name-s$seed" \
         --method two-phase --checkpoint "$dir/phase2-s$seed/checkpoint_best.pt" \
-        --kept "$dir/pruned.pt.heads.json" --seed "$seed" "${reference[@]}"
+        --kept "$dir/pruned.pt.heads.json" --seed "$seed" "${reference[@]}" \
+        --run-dir "$dir/phase2-s$seed"
       bash "$HERE/evaluate.sh" "$name-s$seed" "$dir/phase2-s$seed/checkpoint_best.pt"
     done
   fi

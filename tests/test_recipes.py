@@ -326,6 +326,7 @@ def test_controls_at_a_head_count_without_a_pruned_run(quickstart_work, raw_dir)
         (dict(BUDGET="3", PRUNED=str(work / "baseline" / "checkpoint_best.pt")), "not both"),
         (dict(BUDGET="9", CONTROLS="random"), "enc-self has 8 heads, not 9"),
         (dict(BUDGET="dec:2", CONTROLS="random"), "expected K or TYPE:K"),
+        (dict(BUDGET="enc-self:2,enc-self:3", CONTROLS="random"), "given more than once"),
         (dict(CONTROLS="random"), "or BUDGET to a head count"),
     ]:
         proc = _recipe("controls.sh", work, raw_dir, **{**settings, **extra})
@@ -609,6 +610,9 @@ def test_full_study_in_one_command(quickstart_work, raw_dir):
     two_phase = json.loads((work / "eval" / "pruned-k2-s1" / "model.json").read_text())
     assert two_phase["method"] == "two-phase" and two_phase["seed"] == 1
     assert two_phase["checkpoint"].endswith("enc-self-k2/phase2-s1/checkpoint_best.pt")
+    # its run folder, whose validation curve recipes.study.publish commits with it
+    run_dir = work / "eval" / "pruned-k2-s1" / two_phase["run_dir"]
+    assert run_dir.resolve() == (work / "prune" / "enc-self-k2" / "phase2-s1").resolve()
     joint_name = "pruned-joint-k4-dec-self2-dec-enc3"  # named by its per-type budget
     assert (work / "eval" / f"{joint_name}-s1" / "test_2016_flickr.json").exists()
     # a joint run is measured against the joint λ = 0 control: phase 2 against the control's

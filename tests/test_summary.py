@@ -297,3 +297,40 @@ def test_joint_table_lists_joint_runs_with_their_seed_mean():
     assert "| -4.00 (0.5) | pruned-joint-l0-s1 |" in lines[4]
     # 27 and 28: mean 27.50, sd 0.71; differences -4 and -3: -3.50 ± 0.71
     assert "| 27.50 ± 0.71 |" in lines[-1] and "| -3.50 ± 0.71 |" in lines[-1]
+
+
+def test_publish_keeps_a_phase2_runs_validation_curve_under_its_pruning_run(tmp_path):
+    """A phase-2 run (prune.sh's <run>/phase2-s<seed>) is published under its pruning run's
+    name, with its validation curve and best epoch read from train.log, not the log itself."""
+    from recipes.study import publish
+
+    run = tmp_path / "prune" / "joint-k3" / "phase2-s2"
+    run.mkdir(parents=True)
+    (run.parent / "pruned.pt.heads.json").write_text("{}")
+    valid = "2026-12-04 18:34:16 | INFO | valid | epoch {:03d} | valid on 'valid' subset | "
+    saved = "2026-12-04 18:34:16 | INFO | x | Saved checkpoint {}/checkpoint_best.pt (epoch {} @"
+    nll = [2.5, 2.3, 2.3, 2.4]  # the best is epoch 2: fairseq saved no new best at the tie
+    lines = []
+    for epoch, value in enumerate(nll, 1):
+        lines.append(
+            valid.format(epoch) + f"loss 4.0 | nll_loss {value} | num_updates {epoch * 10}"
+        )
+        if epoch <= 2:
+            lines.append(saved.format(run, epoch))
+    (run / "train.log").write_text("\n".join(lines) + "\n")
+    folder = tmp_path / "eval" / "pruned-joint-k3-s2"
+    folder.mkdir(parents=True)
+    (folder / "val.json").write_text(json.dumps({"bleu": 30.0, "sentences": 1}))
+    (folder / "val.hyp").write_text("ein Hund\n")
+    record = {"method": "two-phase", "seed": 2, "run_dir": "../../prune/joint-k3/phase2-s2"}
+    (folder / "model.json").write_text(json.dumps(record))
+    study = tmp_path / "study"
+    publish.main([str(study), str(folder), "--runs", "prune"])
+    dest = study / "prune" / "joint-k3" / "phase2-s2"
+    assert sorted(p.name for p in dest.iterdir()) == ["validation.json"]
+    curve = json.loads((dest / "validation.json").read_text())
+    assert [e["valid_nll"] for e in curve["epochs"]] == nll
+    assert [e["updates"] for e in curve["epochs"]] == [10, 20, 30, 40]
+    assert curve["best_epoch"] == 2
+    published = json.loads((study / "eval" / folder.name / "model.json").read_text())
+    assert (study / "eval" / folder.name / published["run_dir"]).resolve() == dest.resolve()

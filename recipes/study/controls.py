@@ -21,11 +21,12 @@ Subcommands (each writes JSON that ``fairseq-headprune export --mask`` reads):
   The steps (heads removed, mean validation NLL) go to ``MASK`` next to the mask, under
   ``"steps"``.
 - ``record --eval-dir DIR --method M --checkpoint CKPT --kept HEADS_JSON [--seed S]
-  [--setting TEXT] [--baseline NAME] [--selected last] [--reference NAME]``: write
-  ``DIR/model.json``, which ``recipes.study.records`` reads (with the kept and total heads
-  per attention type, from CKPT; ``"selected": "last"`` for a run's last checkpoint, whose
+  [--setting TEXT] [--baseline NAME] [--selected last] [--reference NAME] [--run-dir RUN]``:
+  write ``DIR/model.json``, which ``recipes.study.records`` reads (with the kept and total
+  heads per attention type, from CKPT; ``"selected": "last"`` for a run's last checkpoint, whose
   random draws it averages apart from those of best checkpoints; ``"reference"``: the NAME
-  of the fair reference, e.g. the full model fine-tuned alike).
+  of the fair reference, e.g. the full model fine-tuned alike; ``"run_dir"``: the training
+  run's folder, whose records ``recipes.study.publish`` commits with the evaluation).
 - ``record-gated --eval-dir DIR --checkpoint CKPT [--setting TEXT] [--reference NAME]``: the
   same for a gated run's last checkpoint (phase 1 of the two-phase protocol, or the
   one-phase model): method, setting, gated types and heads kept from its deterministic gates
@@ -42,6 +43,8 @@ import os
 import sys
 from pathlib import Path
 
+from fairseq_headprune.budget import TOTAL, parse_target_heads
+from fairseq_headprune.errors import HeadpruneError
 from fairseq_headprune.sites import ENC_SELF, SITES
 
 
@@ -54,13 +57,12 @@ def head_totals(checkpoint: str) -> dict[str, int]:
 
 
 def parse_budget(spec: str) -> dict[str, int]:
-    budget = {}
-    for part in spec.split(","):
-        site, k = part.split(":")
-        if site not in SITES:
-            raise ValueError(f"budget {spec!r}: unknown attention type {site!r}")
-        budget[site] = int(k)
-    return budget
+    """``TYPE:K,...`` → heads kept per attention type, read by the plugin's ``--target-heads``
+    parser (a total K is refused: the controls need a budget per type)."""
+    counts = parse_target_heads(spec, SITES)
+    if TOTAL in counts:
+        raise HeadpruneError(f"budget {spec!r}: give one per attention type, TYPE:K,...")
+    return counts
 
 
 def cmd_budget(args: argparse.Namespace) -> None:
@@ -149,6 +151,10 @@ def cmd_record(args: argparse.Namespace) -> None:
     for key in ("setting", "baseline", "selected", "reference"):
         if getattr(args, key):
             record[key] = getattr(args, key)
+    if args.run_dir:  # its records (train.log's validation curve) published with it
+        record["run_dir"] = os.path.relpath(
+            Path(args.run_dir).resolve(), Path(args.eval_dir).resolve()
+        )
     write_json(str(Path(args.eval_dir) / "model.json"), record)
 
 
@@ -207,6 +213,7 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--setting", help="the report table's setting column (default: the seed)")
     p.add_argument("--baseline", help="NAME of the evaluated baseline the model was made from")
     p.add_argument("--reference", help="NAME of the fair reference (default: the baseline)")
+    p.add_argument("--run-dir", help="the model's training run folder (published with it)")
     p.add_argument(
         "--selected",
         choices=("last",),

@@ -9,9 +9,13 @@ For each evaluation folder (``recipes/evaluate.sh``'s ``$WORK_DIR/eval/NAME``) w
 (``<split>.hyp.gz``, which ``recipes.study.summary`` reads). When model.json names a
 ``run_dir``, that run's records (``*.json``, ``*.jsonl``, ``*.txt``; no checkpoints) go to
 ``STUDY/SUBDIR/<run folder's name>/`` (a JSON record over 64 kB gzipped, ``<name>.gz``) and
-model.json's ``run_dir`` is rewritten to point there; a ``bench`` of its own (a fine-tuned
-model's) goes there as ``<NAME>.bench.json``. An evaluation that misses its
-hypotheses for a scored split is refused before anything is copied.
+model.json's ``run_dir`` is rewritten to point there, with ``validation.json``: the validation
+nll per epoch and the best epoch, read from the run's ``train.log`` (the log itself, mostly
+progress lines, stays behind). A run inside a pruning run's folder (phase 2 of
+``recipes/prune.sh``, ``<run>/phase2-s<seed>``) goes to ``SUBDIR/<run>/phase2-s<seed>/``. A
+``bench`` of its own (a fine-tuned model's) goes there as ``<NAME>.bench.json``. An
+evaluation that misses its hypotheses for a scored split is refused before anything is
+copied.
 """
 
 from __future__ import annotations
@@ -24,6 +28,7 @@ import shutil
 from pathlib import Path
 
 from recipes.study.records import read_hypotheses
+from recipes.study.training import best_epoch, validation_curve
 
 RECORDS = ("*.json", "*.jsonl", "*.txt")
 GZIP_ABOVE = 64_000  # bytes
@@ -48,6 +53,28 @@ def copy_record(f: Path, dest: Path) -> None:
         (dest / f.name).write_bytes(data)
 
 
+def validation_record(run: Path) -> dict | None:
+    """The validation nll per epoch of ``run``'s ``train.log`` and the epoch of its
+    ``checkpoint_best.pt``; None without a log or a validation line."""
+    log = run / "train.log"
+    curve = validation_curve(log) if log.is_file() else []
+    if not curve:
+        return None
+    return {
+        "source": "train.log (fairseq-train, nll base 2)",
+        "epochs": [{"epoch": e, "updates": u, "valid_nll": nll} for e, u, nll in curve],
+        "best_epoch": best_epoch(log, curve)[0],
+    }
+
+
+def run_destination(run: Path, study: Path, runs: str) -> Path:
+    """Where ``run``'s records go: ``STUDY/SUBDIR/<name>``, a phase-2 run (inside the pruning
+    run whose export it fine-tunes) under its pruning run's name."""
+    if (run.parent / "pruned.pt.heads.json").is_file():
+        return study / runs / run.parent.name / run.name
+    return study / runs / run.name
+
+
 def publish(folder: Path, study: Path, runs: str) -> Path:
     """Copy one evaluation (and its run's records) under ``study``; return the new folder."""
     out = study / "eval" / folder.name
@@ -62,11 +89,14 @@ def publish(folder: Path, study: Path, runs: str) -> Path:
         record = json.loads(record_file.read_text())
         if record.get("run_dir") and (folder / record["run_dir"]).is_dir():
             run = (folder / record["run_dir"]).resolve()
-            dest = study / runs / run.name
+            dest = run_destination(run, study, runs)
             dest.mkdir(parents=True, exist_ok=True)
             for pattern in RECORDS:
                 for f in run.glob(pattern):
                     copy_record(f, dest)
+            curve = validation_record(run)
+            if curve:
+                (dest / "validation.json").write_text(json.dumps(curve, indent=1) + "\n")
             record["run_dir"] = os.path.relpath(dest, out)
             if record.get("bench") and (folder / record["bench"]).is_file():  # its own speed
                 bench = dest / f"{folder.name}.bench.json"
