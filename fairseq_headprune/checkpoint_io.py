@@ -125,6 +125,21 @@ def gates_from_state(state: dict) -> dict[str, HardConcreteGate]:
     return gates
 
 
+def half_weights(sd: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """``sd`` with its floating-point tensors cast to fp16 (for a smaller file; fairseq loads
+    them into an fp32 model). Tensors that share storage (tied embeddings) stay shared, so
+    they are stored once."""
+    cast: dict[tuple, torch.Tensor] = {}
+    out = {}
+    for key, value in sd.items():
+        if value.is_floating_point():
+            view = (value.data_ptr(), tuple(value.shape), value.stride(), value.dtype)
+            out[key] = cast.setdefault(view, value.half())
+        else:
+            out[key] = value
+    return out
+
+
 def current_umask() -> int:
     """The process's umask (read by setting it and putting it back)."""
     mask = os.umask(0o022)

@@ -4,7 +4,7 @@ Tools around Voita et al. 2019 ("Analyzing Multi-Head Self-Attention: Specialize
 the Heavy Lifting, the Rest Can Be Pruned", ACL 2019). Subcommands:
 
 - ``gates CHECKPOINT [--json]``: P(open) and the deterministic gate of every head.
-- ``export --path CKPT --out PRUNED [--mask JSON]``: remove closed (or unmasked) heads.
+- ``export --path CKPT --out PRUNED [--mask JSON] [--fp16]``: remove closed (or unmasked) heads.
 - ``bench DATA --full CKPT --pruned CKPT``: measured vs FLOP-predicted speed-ups, memory.
 - ``prune DATA --path CKPT --budget macs:F --out PRUNED``: post-training pruning of heads and
   FFN neurons (Kwon et al. 2022), no retraining.
@@ -72,7 +72,12 @@ def cmd_export(args: argparse.Namespace) -> None:
         sites = parse_sites(args.score_types, "--score-types")
         mask = mask_from_scores(args.scores, args.metric, args.top_k, sites, args.ascending)
     report = export_pruned(
-        args.path, args.out, mask=mask, force=args.force, force_budget=args.force_budget
+        args.path,
+        args.out,
+        mask=mask,
+        force=args.force,
+        force_budget=args.force_budget,
+        fp16=args.fp16,
     )
     for note in report["notes"]:
         print(f"note: {note}")
@@ -111,6 +116,12 @@ def add_export_parser(sub) -> None:
     )
     p.add_argument("--ascending", action="store_true", help="with --scores: lower is better")
     p.add_argument("--force", action="store_true", help="overwrite --out if it exists")
+    p.add_argument(
+        "--fp16",
+        action="store_true",
+        help="store the weights in fp16 (about half the file; tied embeddings stored once); "
+        "fairseq loads them into an fp32 model",
+    )
     p.add_argument(
         "--force-budget",
         action="store_true",

@@ -29,6 +29,7 @@ from fairseq_headprune import gate_decision
 from fairseq_headprune.checkpoint_io import (
     atomic_save,
     gates_from_state,
+    half_weights,
     head_layout,
     load_checkpoint,
     model_args,
@@ -114,12 +115,14 @@ def export_pruned(
     mask: dict | None = None,
     force: bool = False,
     force_budget: bool = False,
+    fp16: bool = False,
 ) -> dict:
     """Write the pruned checkpoint ``out`` (and ``out.heads.json``); return a report.
 
     Gates that do not decide the heads to keep (``gate_decision``) are refused unless
     ``force_budget``. The report's ``gate_change`` and ``removed_gate`` are 0 exactly when the
     pruned model equals the gated model in evaluation (``gate_decision.folding_changes``).
+    ``fp16``: store the weights in half precision, cast after the gates are folded.
     """
     out = Path(out)
     heads_json = out.with_name(out.name + ".heads.json")
@@ -143,7 +146,7 @@ def export_pruned(
     shapes = {p: (n, d) for p, (n, d, _) in layout.items()}
     pruned = prune_state_dict(state["model"], shapes, kept, gates)
     kept_heads = _kept_heads_record(state, layout, kept)
-    save_pruned_checkpoint(state, pruned, kept_heads, out, force)
+    save_pruned_checkpoint(state, pruned, kept_heads, out, force, fp16)
 
     gate_change, removed_gate = gate_decision.folding_changes(det, gates, kept)
     return {
@@ -193,10 +196,16 @@ def _kept_heads_record(state: dict, layout: dict, kept: dict) -> dict[str, list[
 
 
 def save_pruned_checkpoint(
-    state: dict, pruned: dict, kept_heads: dict, out: str | Path, force: bool = False
+    state: dict,
+    pruned: dict,
+    kept_heads: dict,
+    out: str | Path,
+    force: bool = False,
+    fp16: bool = False,
 ) -> None:
     """Write ``pruned`` weights as a ``gated_transformer`` checkpoint whose config records
-    ``kept_heads`` (no gates, no optimizer state), and ``out.heads.json`` next to it."""
+    ``kept_heads`` (no gates, no optimizer state), and ``out.heads.json`` next to it;
+    ``fp16``: the weights in half precision (:func:`checkpoint_io.half_weights`)."""
     out = Path(out)
     args = copy.copy(model_args(state))
     args.arch = args._name = "gated_transformer"
@@ -209,7 +218,7 @@ def save_pruned_checkpoint(
     new_state = {
         "cfg": cfg,
         "args": None,
-        "model": pruned,
+        "model": half_weights(pruned) if fp16 else pruned,
         "optimizer_history": state.get("optimizer_history", []),
         "extra_state": state.get("extra_state", {}),
         "last_optimizer_state": None,

@@ -135,8 +135,10 @@ for run in "${runs[@]}"; do
   control=""
   [[ "$name" == pruned-joint-* && "$name" != pruned-joint-l0 && " $JOINT_LAMBDAS " == *" 0 "* ]] \
     && control=pruned-joint-l0
+  phase1=()  # a two-phase run's gated model is its phase 1, and its setting says so
+  [[ "$PHASE2_EPOCHS" -gt 0 ]] && phase1=(--phase1-epochs "$PRUNE_EPOCHS")
   study controls record-gated --eval-dir "$WORK_DIR/eval/$name" \
-    --checkpoint "$dir/checkpoint_last.pt" ${control:+--reference "$control"}
+    --checkpoint "$dir/checkpoint_last.pt" "${phase1[@]}" ${control:+--reference "$control"}
   bash "$HERE/evaluate.sh" "$name" "$dir/checkpoint_last.pt"
   if [[ "$PHASE2_EPOCHS" -gt 0 ]]; then
     for seed in $PHASE2_SEEDS; do
@@ -145,7 +147,7 @@ for run in "${runs[@]}"; do
       study controls record --eval-dir "$WORK_DIR/eval/$name-s$seed" \
         --method two-phase --checkpoint "$dir/phase2-s$seed/checkpoint_best.pt" \
         --kept "$dir/pruned.pt.heads.json" --seed "$seed" "${reference[@]}" \
-        --run-dir "$dir/phase2-s$seed"
+        --phase2-of "$dir/checkpoint_last.pt" --run-dir "$dir/phase2-s$seed"
       bash "$HERE/evaluate.sh" "$name-s$seed" "$dir/phase2-s$seed/checkpoint_best.pt"
     done
   fi

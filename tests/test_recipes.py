@@ -628,9 +628,15 @@ def test_full_study_in_one_command(quickstart_work, raw_dir):
         (work / "eval" / "pruned-joint-l0" / "model.json").read_text()
     )
     assert (work / "eval" / "pruned-joint-l0-s1" / "test_2016_flickr.json").exists()
-    assert "reference" not in json.loads(
-        (work / "eval" / "pruned-joint-l0-s1" / "model.json").read_text()
-    )
+    control_s1 = json.loads((work / "eval" / "pruned-joint-l0-s1" / "model.json").read_text())
+    assert "reference" not in control_s1
+    # each phase's setting: the run's budget or λ, then the phase (8 gated epochs, seed 1)
+    budget = "target enc-self:4,dec-self:2,dec-enc:3"
+    assert phase1["setting"] == f"{budget}, phase 1: 8 epochs"
+    assert joint_record["setting"] == f"{budget}, phase 2 (seed 1)"
+    control = json.loads((work / "eval" / "pruned-joint-l0" / "model.json").read_text())
+    assert control["setting"] == "λ=0 (joint control), phase 1: 8 epochs"
+    assert control_s1["setting"] == "λ=0 (joint control), phase 2 (seed 1)"
     # the controls got phase 2's fine-tuning: the same epochs, patience and checkpoint rule
     control_log = (work / "controls" / "random-s1-k2" / "train.log").read_text()
     phase2_log = (work / "prune" / "enc-self-k2" / "phase2-s1" / "train.log").read_text()

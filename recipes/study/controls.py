@@ -21,17 +21,20 @@ Subcommands (each writes JSON that ``fairseq-headprune export --mask`` reads):
   The steps (heads removed, mean validation NLL) go to ``MASK`` next to the mask, under
   ``"steps"``.
 - ``record --eval-dir DIR --method M --checkpoint CKPT --kept HEADS_JSON [--seed S]
-  [--setting TEXT] [--baseline NAME] [--selected last] [--reference NAME] [--run-dir RUN]``:
-  write ``DIR/model.json``, which ``recipes.study.records`` reads (with the kept and total
-  heads per attention type, from CKPT; ``"selected": "last"`` for a run's last checkpoint, whose
-  random draws it averages apart from those of best checkpoints; ``"reference"``: the NAME
-  of the fair reference, e.g. the full model fine-tuned alike; ``"run_dir"``: the training
-  run's folder, whose records ``recipes.study.publish`` commits with the evaluation).
-- ``record-gated --eval-dir DIR --checkpoint CKPT [--setting TEXT] [--reference NAME]``: the
-  same for a gated run's last checkpoint (phase 1 of the two-phase protocol, or the
-  one-phase model): method, setting, gated types and heads kept from its deterministic gates
-  (``recipes.study.records.checkpoint_info``), and the run's folder (``run_dir``), so that the
-  row still reads when the checkpoint is gone.
+  [--setting TEXT | --phase2-of GATED] [--baseline NAME] [--selected last] [--reference NAME]
+  [--run-dir RUN]``: write ``DIR/model.json``, which ``recipes.study.records`` reads (with the
+  kept and total heads per attention type, from CKPT; ``"selected": "last"`` for a run's last
+  checkpoint, whose random draws it averages apart from those of best checkpoints;
+  ``"reference"``: the NAME of the fair reference, e.g. the full model fine-tuned alike;
+  ``"run_dir"``: the training run's folder, whose records ``recipes.study.publish`` commits
+  with the evaluation). ``--phase2-of`` the gated run's checkpoint: the setting is that run's,
+  then ``phase 2 (seed S)``.
+- ``record-gated --eval-dir DIR --checkpoint CKPT [--setting TEXT] [--phase1-epochs N]
+  [--reference NAME]``: the same for a gated run's last checkpoint (phase 1 of the two-phase
+  protocol, or the one-phase model): method, setting, gated types and heads kept from its
+  deterministic gates (``recipes.study.records.checkpoint_info``), and the run's folder
+  (``run_dir``), so that the row still reads when the checkpoint is gone. ``--phase1-epochs``:
+  the run is phase 1 of the two-phase protocol, its setting ends in ``phase 1: N epochs``.
 """
 
 from __future__ import annotations
@@ -135,6 +138,8 @@ def cmd_michel(args: argparse.Namespace) -> None:
 
 
 def cmd_record(args: argparse.Namespace) -> None:
+    if args.phase2_of and args.seed is None:
+        raise SystemExit("record: --phase2-of needs the phase-2 --seed")
     Path(args.eval_dir).mkdir(parents=True, exist_ok=True)
     record = {
         "method": args.method,
@@ -148,6 +153,12 @@ def cmd_record(args: argparse.Namespace) -> None:
     record["heads"] = {
         s: [sum(map(len, rows)), totals[s]] for s, rows in record["kept_heads"].items()
     }
+    if args.phase2_of:
+        from recipes.study.records import checkpoint_info
+
+        args.setting = (
+            f"{checkpoint_info(Path(args.phase2_of))['setting']}, phase 2 (seed {args.seed})"
+        )
     for key in ("setting", "baseline", "selected", "reference"):
         if getattr(args, key):
             record[key] = getattr(args, key)
@@ -168,13 +179,20 @@ def cmd_record_gated(args: argparse.Namespace) -> None:
     eval_dir = Path(args.eval_dir).resolve()
     eval_dir.mkdir(parents=True, exist_ok=True)
     record = {
-        "method": info["method"], "setting": args.setting or info["setting"],
+        "method": info["method"], "setting": _phase1(args.setting or info["setting"], args),
         "heads": info["heads"], "gated": info["gated"], "checkpoint": str(checkpoint),
         "kept_heads": info["kept"], "run_dir": os.path.relpath(checkpoint.parent, eval_dir),
     }  # fmt: skip
     if args.reference:
         record["reference"] = args.reference
     write_json(str(eval_dir / "model.json"), record)
+
+
+def _phase1(setting: str, args: argparse.Namespace) -> str:
+    """``setting``, and the phase-1 epochs when the gated run is phase 1 of a two-phase run."""
+    if args.phase1_epochs is None:
+        return setting
+    return ", ".join(filter(None, (setting, f"phase 1: {args.phase1_epochs} epochs")))
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -210,7 +228,13 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--checkpoint", required=True)
     p.add_argument("--kept", required=True)
     p.add_argument("--seed", type=int)
-    p.add_argument("--setting", help="the report table's setting column (default: the seed)")
+    setting = p.add_mutually_exclusive_group()
+    setting.add_argument("--setting", help="the report table's setting column (default: the seed)")
+    setting.add_argument(
+        "--phase2-of",
+        help="the gated run's checkpoint whose structure phase 2 trained: its setting, then "
+        "'phase 2 (seed S)'",
+    )
     p.add_argument("--baseline", help="NAME of the evaluated baseline the model was made from")
     p.add_argument("--reference", help="NAME of the fair reference (default: the baseline)")
     p.add_argument("--run-dir", help="the model's training run folder (published with it)")
@@ -224,6 +248,11 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--eval-dir", required=True)
     p.add_argument("--checkpoint", required=True, help="the gated run's checkpoint_last.pt")
     p.add_argument("--setting", help="the report table's setting column (default: λ or budget)")
+    p.add_argument(
+        "--phase1-epochs",
+        type=int,
+        help="the run is phase 1 of the two-phase protocol, trained N epochs (setting says so)",
+    )
     p.add_argument("--reference", help="NAME of the fair reference (default: the baseline)")
     p.set_defaults(func=cmd_record_gated)
     args = parser.parse_args(argv)

@@ -80,7 +80,10 @@ def checkpoint_info(path: Path, kept_heads: dict | None = None) -> dict:
     if gates and criterion.get("target_heads"):
         method, setting = "target-heads", f"target {criterion['target_heads']}"
     elif gates:
-        method, setting = "voita", f"λ={criterion.get('l0_lambda')}"
+        lam = criterion.get("l0_lambda")
+        method, setting = "voita", f"λ={lam:g}" if isinstance(lam, (int, float)) else f"λ={lam}"
+        if lam == 0 and len({site_of(p) for p in gates}) > 1:
+            setting += " (joint control)"  # every head of several types kept: the reference
     elif getattr(args, "kept_heads", None):
         method, setting = "exported", ""
     else:
