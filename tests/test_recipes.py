@@ -273,6 +273,16 @@ def test_baseline_norm_layout(quickstart_work, raw_dir, tmp_path):
     )  # fmt: skip
     other = json.loads((tmp_path / "eval" / "other" / "model.json").read_text())
     assert other == {**record, "setting": "first baseline", "baseline": "first-baseline"}
+    # phase 2 of a gated run is named by its seed: refused without one, nothing written
+    proc = subprocess.run(
+        [str(BIN / "python"), "-m", "recipes.study.controls", "record",
+         "--eval-dir", str(tmp_path / "eval" / "p2"), "--method", "two-phase",
+         "--checkpoint", str(scratch), "--kept", str(structure) + ".heads.json",
+         "--phase2-of", str(scratch)],
+        capture_output=True, text=True, cwd=REPO,
+    )  # fmt: skip
+    assert proc.returncode != 0 and "--phase2-of needs the phase-2 --seed" in proc.stderr
+    assert not (tmp_path / "eval" / "p2").exists()
     proc = _recipe("train_baseline.sh", tmp_path, raw_dir, BASELINE_DIR=str(tmp_path / "x"),
                    NORM="sandwich")  # fmt: skip
     assert proc.returncode != 0 and "NORM must be post or pre, not 'sandwich'" in proc.stderr
