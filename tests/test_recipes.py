@@ -634,9 +634,8 @@ def test_full_study_in_one_command(quickstart_work, raw_dir):
     assert phase1["method"] == "target-heads" and phase1["reference"] == "pruned-joint-l0"
     assert phase1["heads"] == {"enc-self": [4, 8], "dec-self": [2, 4], "dec-enc": [3, 4]}
     assert phase1["gated"] == ["enc-self", "dec-self", "dec-enc"]
-    assert "reference" not in json.loads(
-        (work / "eval" / "pruned-joint-l0" / "model.json").read_text()
-    )
+    control = json.loads((work / "eval" / "pruned-joint-l0" / "model.json").read_text())
+    assert "reference" not in control
     assert (work / "eval" / "pruned-joint-l0-s1" / "test_2016_flickr.json").exists()
     control_s1 = json.loads((work / "eval" / "pruned-joint-l0-s1" / "model.json").read_text())
     assert "reference" not in control_s1
@@ -644,7 +643,6 @@ def test_full_study_in_one_command(quickstart_work, raw_dir):
     budget = "target enc-self:4,dec-self:2,dec-enc:3"
     assert phase1["setting"] == f"{budget}, phase 1: 8 epochs"
     assert joint_record["setting"] == f"{budget}, phase 2 (seed 1)"
-    control = json.loads((work / "eval" / "pruned-joint-l0" / "model.json").read_text())
     assert control["setting"] == "λ=0 (joint control), phase 1: 8 epochs"
     assert control_s1["setting"] == "λ=0 (joint control), phase 2 (seed 1)"
     # the controls got phase 2's fine-tuning: the same epochs, patience and checkpoint rule

@@ -178,8 +178,9 @@ def cmd_record_gated(args: argparse.Namespace) -> None:
         raise SystemExit(f"record-gated: {args.checkpoint} has no head gates (not a gated run)")
     eval_dir = Path(args.eval_dir).resolve()
     eval_dir.mkdir(parents=True, exist_ok=True)
+    setting = _phase1(args.setting or info["setting"], args.phase1_epochs)
     record = {
-        "method": info["method"], "setting": _phase1(args.setting or info["setting"], args),
+        "method": info["method"], "setting": setting,
         "heads": info["heads"], "gated": info["gated"], "checkpoint": str(checkpoint),
         "kept_heads": info["kept"], "run_dir": os.path.relpath(checkpoint.parent, eval_dir),
     }  # fmt: skip
@@ -188,11 +189,11 @@ def cmd_record_gated(args: argparse.Namespace) -> None:
     write_json(str(eval_dir / "model.json"), record)
 
 
-def _phase1(setting: str, args: argparse.Namespace) -> str:
+def _phase1(setting: str, epochs: int | None) -> str:
     """``setting``, and the phase-1 epochs when the gated run is phase 1 of a two-phase run."""
-    if args.phase1_epochs is None:
+    if epochs is None:
         return setting
-    return ", ".join(filter(None, (setting, f"phase 1: {args.phase1_epochs} epochs")))
+    return ", ".join(filter(None, (setting, f"phase 1: {epochs} epochs")))
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -77,18 +77,18 @@ def checkpoint_info(path: Path, kept_heads: dict | None = None) -> dict:
     criterion = (state.get("cfg") or {}).get("criterion") or {}
     if not isinstance(criterion, dict):
         criterion = vars(criterion)
+    gated = sorted({site_of(prefix) for prefix in gates}, key=list(full).index)
     if gates and criterion.get("target_heads"):
         method, setting = "target-heads", f"target {criterion['target_heads']}"
     elif gates:
         lam = criterion.get("l0_lambda")
         method, setting = "voita", f"λ={lam:g}" if isinstance(lam, (int, float)) else f"λ={lam}"
-        if lam == 0 and len({site_of(p) for p in gates}) > 1:
+        if lam == 0 and len(gated) > 1:
             setting += " (joint control)"  # every head of several types kept: the reference
     elif getattr(args, "kept_heads", None):
         method, setting = "exported", ""
     else:
         method, setting = "baseline", ""
-    gated = sorted({site_of(prefix) for prefix in gates}, key=list(full).index)
     return {
         "method": method, "setting": setting, "heads": count(kept, full), "gated": gated,
         "kept": kept,
