@@ -119,7 +119,7 @@ for lambda in $JOINT_LAMBDAS; do
 done
 for k in $JOINT_TARGETS; do
   tag="k$k"  # per-type budgets: the tag of controls.sh's runs, e.g. k8-dec-self7-dec-enc9
-  [[ "$k" == *:* ]] && tag="$(study controls budget --baseline "$BASELINE" --spec "$k" | head -1)"
+  [[ "$k" == *:* ]] && tag="$(study controls budget --baseline "$BASELINE" --spec "$k" | sed -n 1p)"
   prune "pruned-joint-$tag" "$WORK_DIR/prune/joint-$tag" TARGET_HEADS="$k" \
     HEAD_GATES="$JOINT_GATES" FREEZE_DECODER=0
 done
