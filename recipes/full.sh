@@ -26,7 +26,9 @@
 # Settings (environment variables, defaults in brackets):
 #   BASELINE      the stock model pruned [models/multi30k-en-de/baseline.pt]
 #   TRAIN_BASELINE  1: train a baseline (BASELINE_EPOCHS) in $WORK_DIR/baseline instead [0]
-#   LAMBDAS       encoder-only --l0-lambda sweep [""]
+#   LAMBDAS       encoder-only --l0-lambda sweep (decoder frozen), 0 being the encoder-only
+#                 control with every head kept: the fair reference of every encoder-only run
+#                 (phase 1 and phase 2 with the same seed), given no controls of its own ["0"]
 #   TARGETS       encoder-only --target-heads runs ["10 4"]
 #   JOINT_LAMBDAS λ of joint runs (HEAD_GATES enc-self,dec-self,dec-enc, decoder trained),
 #                 0 being the joint control with every head kept, the fair reference of
@@ -52,7 +54,7 @@ export WORK_DIR SRC TGT DATA_BIN
 
 COMMITTED="$REPO_ROOT/models/multi30k-en-de"
 TRAIN_BASELINE="${TRAIN_BASELINE:-0}"
-LAMBDAS="${LAMBDAS-}"
+LAMBDAS="${LAMBDAS-0}"
 TARGETS="${TARGETS-10 4}"
 JOINT_LAMBDAS="${JOINT_LAMBDAS-0}"
 JOINT_TARGETS="${JOINT_TARGETS-50 38 24 17}"
@@ -107,7 +109,7 @@ prune() {  # NAME DIR [ENV=VALUE ...]: recipes/prune.sh with those settings, JOB
 }
 for lambda in $LAMBDAS; do
   prune "pruned-l$lambda" "$WORK_DIR/prune/enc-self-l$lambda" LAMBDA="$lambda"
-  encoder_runs+=("$WORK_DIR/prune/enc-self-l$lambda")
+  [[ "$lambda" == 0 ]] || encoder_runs+=("$WORK_DIR/prune/enc-self-l$lambda")
 done
 for k in $TARGETS; do
   prune "pruned-k$k" "$WORK_DIR/prune/enc-self-k$k" TARGET_HEADS="$k"
@@ -130,11 +132,14 @@ done
 mkdir -p "$WORK_DIR/report"
 for run in "${runs[@]}"; do
   name="${run%%=*}" dir="${run#*=}"
-  # a joint run's fair reference: the joint λ = 0 control, at the end of phase 1 and of
-  # phase 2 with the same seed
+  # a run's fair reference: the λ = 0 control of its kind (joint or encoder-only), at the
+  # end of phase 1 and of phase 2 with the same seed
   control=""
-  [[ "$name" == pruned-joint-* && "$name" != pruned-joint-l0 && " $JOINT_LAMBDAS " == *" 0 "* ]] \
-    && control=pruned-joint-l0
+  if [[ "$name" == pruned-joint-* ]]; then
+    [[ "$name" != pruned-joint-l0 && " $JOINT_LAMBDAS " == *" 0 "* ]] && control=pruned-joint-l0
+  else
+    [[ "$name" != pruned-l0 && " $LAMBDAS " == *" 0 "* ]] && control=pruned-l0
+  fi
   phase1=()  # a two-phase run's gated model is its phase 1, and its setting says so
   [[ "$PHASE2_EPOCHS" -gt 0 ]] && phase1=(--phase1-epochs "$PRUNE_EPOCHS")
   study controls record-gated --eval-dir "$WORK_DIR/eval/$name" \

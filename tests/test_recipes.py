@@ -603,12 +603,13 @@ def test_report_averages_best_and_last_checkpoints_apart(tmp_path):
 
 
 def test_full_study_in_one_command(quickstart_work, raw_dir):
-    """recipes/full.sh: λ sweep, an exact budget, a joint run with one budget per attention
+    """recipes/full.sh: λ sweep with the encoder-only λ = 0 control, an exact budget, a joint
+    run with one budget per attention
     type and its λ = 0 control, the two-phase protocol, controls with the same fine-tuning,
     and the report."""
     work = quickstart_work  # K = 2: a run of its own (test_prune_… made enc-self-k3)
     _run(
-        "full.sh", work, raw_dir, LAMBDAS="0.05", TARGETS="2", JOINT_LAMBDAS="0",
+        "full.sh", work, raw_dir, LAMBDAS="0 0.05", TARGETS="2", JOINT_LAMBDAS="0",
         JOINT_TARGETS="enc-self:4,dec-self:2,dec-enc:3",
         TRAIN_BASELINE="1",  # the quickstart's tiny baseline
         CONTROLS="masked random", SEEDS="1", TARGET_WARMUP="2", PRUNE_EPOCHS="8",
@@ -623,6 +624,15 @@ def test_full_study_in_one_command(quickstart_work, raw_dir):
     # its run folder, whose validation curve recipes.study.publish commits with it
     run_dir = work / "eval" / "pruned-k2-s1" / two_phase["run_dir"]
     assert run_dir.resolve() == (work / "prune" / "enc-self-k2" / "phase2-s1").resolve()
+    # an encoder-only run is measured against the encoder-only λ = 0 control, phase by phase
+    assert two_phase["reference"] == "pruned-l0-s1"
+    encoder_phase1 = json.loads((work / "eval" / "pruned-k2" / "model.json").read_text())
+    assert encoder_phase1["reference"] == "pruned-l0"
+    encoder_control = json.loads((work / "eval" / "pruned-l0" / "model.json").read_text())
+    assert encoder_control["setting"] == "λ=0 (enc-self control), phase 1: 8 epochs"
+    assert encoder_control["gated"] == ["enc-self"] and "reference" not in encoder_control
+    assert (work / "eval" / "pruned-l0-s1" / "test_2016_flickr.json").exists()
+    assert not (work / "eval" / "masked-enc-self-l0-checkpoint_last").exists()  # no controls
     joint_name = "pruned-joint-k4-dec-self2-dec-enc3"  # named by its per-type budget
     assert (work / "eval" / f"{joint_name}-s1" / "test_2016_flickr.json").exists()
     # a joint run is measured against the joint λ = 0 control: phase 2 against the control's

@@ -83,8 +83,8 @@ def checkpoint_info(path: Path, kept_heads: dict | None = None) -> dict:
     elif gates:
         lam = criterion.get("l0_lambda")
         method, setting = "voita", f"λ={lam:g}" if isinstance(lam, (int, float)) else f"λ={lam}"
-        if lam == 0 and len(gated) > 1:
-            setting += " (joint control)"  # every head of several types kept: the reference
+        if lam == 0 and gated:  # every head kept: the reference of the runs of its kind
+            setting += " (joint control)" if len(gated) > 1 else f" ({gated[0]} control)"
     elif getattr(args, "kept_heads", None):
         method, setting = "exported", ""
     else:
