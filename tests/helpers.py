@@ -22,12 +22,18 @@ TINY_ARCH = [
     "--encoder-ffn-embed-dim", "32", "--decoder-ffn-embed-dim", "32",
     "--share-all-embeddings",
 ]  # fmt: skip
+# --data-buffer-size 0: no batch-prefetching thread. fairseq's is a daemon thread; when
+# --max-update stops training mid-epoch it is still collating batches at exit, and a daemon
+# thread that retakes the GIL inside a torch op during interpreter shutdown is ended by
+# pthread_exit, which aborts the process ("terminate called without an active exception")
+# after the checkpoints are written.
 TRAIN_COMMON = [
     "--task", "translation", "--source-lang", "src", "--target-lang", "tgt",
     "--optimizer", "adam", "--lr", "0.005", "--lr-scheduler", "inverse_sqrt",
     "--warmup-updates", "20", "--max-tokens", "500", "--dropout", "0.1",
-    "--num-workers", "0", "--no-progress-bar", "--log-format", "simple",
-    "--log-interval", "5", "--seed", "1", "--cpu", "--no-epoch-checkpoints",
+    "--num-workers", "0", "--data-buffer-size", "0", "--no-progress-bar",
+    "--log-format", "simple", "--log-interval", "5", "--seed", "1", "--cpu",
+    "--no-epoch-checkpoints",
 ]  # fmt: skip
 
 
