@@ -23,7 +23,7 @@ TINY_ARCH = [
     "--share-all-embeddings",
 ]  # fmt: skip
 # --data-buffer-size 0: no batch-prefetching thread. fairseq's is a daemon thread; when
-# --max-update stops training mid-epoch it is still collating batches at exit, and a daemon
+# --max-update stops training mid-epoch it can still be collating batches at exit, and a daemon
 # thread that retakes the GIL inside a torch op during interpreter shutdown is ended by
 # pthread_exit, which aborts the process ("terminate called without an active exception")
 # after the checkpoints are written.

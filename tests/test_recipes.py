@@ -604,9 +604,8 @@ def test_report_averages_best_and_last_checkpoints_apart(tmp_path):
 
 def test_full_study_in_one_command(quickstart_work, raw_dir):
     """recipes/full.sh: λ sweep with the encoder-only λ = 0 control, an exact budget, a joint
-    run with one budget per attention
-    type and its λ = 0 control, the two-phase protocol, controls with the same fine-tuning,
-    and the report."""
+    run with one budget per attention type and its λ = 0 control, the two-phase protocol,
+    controls with the same fine-tuning, and the report."""
     work = quickstart_work  # K = 2: a run of its own (test_prune_… made enc-self-k3)
     _run(
         "full.sh", work, raw_dir, LAMBDAS="0 0.05", TARGETS="2", JOINT_LAMBDAS="0",
