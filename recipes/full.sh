@@ -134,12 +134,9 @@ for run in "${runs[@]}"; do
   name="${run%%=*}" dir="${run#*=}"
   # a run's fair reference: the λ = 0 control of its kind (joint or encoder-only), at the
   # end of phase 1 and of phase 2 with the same seed
-  control=""
-  if [[ "$name" == pruned-joint-* ]]; then
-    [[ "$name" != pruned-joint-l0 && " $JOINT_LAMBDAS " == *" 0 "* ]] && control=pruned-joint-l0
-  else
-    [[ "$name" != pruned-l0 && " $LAMBDAS " == *" 0 "* ]] && control=pruned-l0
-  fi
+  kind=pruned- lambdas="$LAMBDAS" control=""
+  [[ "$name" == pruned-joint-* ]] && kind=pruned-joint- lambdas="$JOINT_LAMBDAS"
+  [[ "$name" != "${kind}l0" && " $lambdas " == *" 0 "* ]] && control="${kind}l0"
   phase1=()  # a two-phase run's gated model is its phase 1, and its setting says so
   [[ "$PHASE2_EPOCHS" -gt 0 ]] && phase1=(--phase1-epochs "$PRUNE_EPOCHS")
   study controls record-gated --eval-dir "$WORK_DIR/eval/$name" \
