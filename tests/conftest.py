@@ -9,11 +9,12 @@ import pytest
 import torch
 
 from tests.helpers import make_corpus, preprocess, train
+from tests.recipe_helpers import SHARED, run_recipe
 
 if os.environ.get("PYTEST_XDIST_WORKER"):
     # scripts/test.sh runs two workers on two cores: torch's default of a thread per core in
     # each would make the threads spin against each other (the subprocesses get
-    # OMP_NUM_THREADS=1 from tests.helpers and test_recipes.py for the same reason)
+    # OMP_NUM_THREADS=1 from tests.helpers and tests.recipe_helpers for the same reason)
     torch.set_num_threads(1)
 
 
@@ -31,8 +32,42 @@ def stock_checkpoint(tiny_data, tmp_path_factory) -> Path:
     return train(tiny_data, save, "--max-epoch", "6", "--criterion", "label_smoothed_cross_entropy")
 
 
+@pytest.fixture(scope="session")
+def raw_dir(tmp_path_factory) -> Path:
+    """The shared Multi30k files when present, else a small parallel corpus in their format."""
+    if SHARED.is_dir():
+        return SHARED
+    folder = tmp_path_factory.mktemp("raw")
+    for split, n in (("train", 300), ("val", 20), ("test_2016_flickr", 20),
+                     ("test_2017_flickr", 20), ("test_2017_mscoco", 20)):  # fmt: skip
+        (folder / f"{split}.en").write_text("".join(f"a dog runs {i} times .\n" for i in range(n)))
+        (folder / f"{split}.de").write_text(
+            "".join(f"ein hund rennt {i} mal .\n" for i in range(n))
+        )
+    return folder
+
+
+@pytest.fixture(scope="session")
+def quickstart_run(raw_dir, tmp_path_factory) -> tuple[Path, str]:
+    """The quickstart's outputs (baseline, pruned run, their BLEU) and its stdout, made once."""
+    work = tmp_path_factory.mktemp("quickstart")  # TINY has 8 encoder heads: keep 5
+    return work, run_recipe("quickstart.sh", work, raw_dir, TARGET_HEADS="5", TARGET_WARMUP="2")
+
+
+@pytest.fixture(scope="session")
+def quickstart_work(quickstart_run) -> Path:
+    return quickstart_run[0]
+
+
+# the files that run the recipes on the quickstart's outputs, longest first
+RECIPE_FILES = ("test_recipes.py", "test_full_study.py", "test_posttrain_recipe.py")
+
+
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """The recipe tests first (a stable sort keeps every other order): they are the longest
-    file (about 11 of the suite's 18 minutes on 2 cores), and under scripts/test.sh's workers
-    (--dist loadfile) a file runs whole on one worker, so it should start at once, not last."""
-    items.sort(key=lambda item: item.path.name != "test_recipes.py")
+    """The recipe files first (a stable sort keeps every other order): they are the longest,
+    about 18 worker-minutes together on 2 cores, most of the suite. Under scripts/test.sh's
+    workers (--dist loadfile) a file runs whole on one worker, so they should start at once,
+    not last; each worker that runs one builds its own quickstart (session fixtures are per
+    worker)."""
+    rank = {name: i for i, name in enumerate(RECIPE_FILES)}
+    items.sort(key=lambda item: rank.get(item.path.name, len(RECIPE_FILES)))
