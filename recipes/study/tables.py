@@ -22,8 +22,8 @@ from recipes.study.records import (
 )
 from recipes.study.significance import format_p
 from recipes.study.summary import heads_kept
-from recipes.study.tables_joint import joint_markdown
 from recipes.study.tables_posttrain import heads_markdown, posttrain_markdown
+from recipes.study.tables_two_phase import encoder_markdown, joint_markdown
 from recipes.study.training import training_markdown
 
 
@@ -234,8 +234,8 @@ def summary_markdown(rows: list[dict]) -> str:
 
 
 def main(argv: list[str] | None = None) -> None:
-    """``python -m recipes.study.tables results/summary.csv [--posttrain | --heads | --joint]``:
-    print a table."""
+    """``python -m recipes.study.tables results/summary.csv [--posttrain | --heads | --joint |
+    --encoder]``: print a table."""
     p = argparse.ArgumentParser(description=summary_markdown.__doc__.split("\n")[0])
     p.add_argument("summary", type=Path, help="results/summary.csv")
     p.add_argument(
@@ -253,11 +253,16 @@ def main(argv: list[str] | None = None) -> None:
         action="store_true",
         help="joint pruning of all three attention types against the joint λ = 0 control",
     )
+    p.add_argument(
+        "--encoder",
+        action="store_true",
+        help="encoder-only pruning, two-phase protocol, against the encoder-only λ = 0 control",
+    )
     args = p.parse_args(argv)
     with args.summary.open(encoding="utf-8") as f:
         rows = list(csv.DictReader(f))
-    if args.joint:
-        print(joint_markdown(rows))
+    if args.joint or args.encoder:
+        print(joint_markdown(rows) if args.joint else encoder_markdown(rows))
     elif args.heads:
         print(heads_markdown(rows))
     else:
