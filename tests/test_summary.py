@@ -16,8 +16,8 @@ from sacrebleu.metrics import BLEU
 from recipes.study import summary
 from recipes.study.significance import format_p
 from tests.helpers import REPO
+from tests.recipe_helpers import SHARED
 
-SHARED = REPO.parent / "shared" / "data" / "multi30k"
 WORDS = "ein hund rennt über die grüne wiese am see neben zwei kindern".split()
 REFS = [" ".join(WORDS[i % 5 : i % 5 + 6] + [str(i)]) for i in range(60)]
 SHORT = [" ".join(r.split()[: 3 + i % 3]) for i, r in enumerate(REFS)]  # too short: BP < 1

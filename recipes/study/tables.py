@@ -261,8 +261,10 @@ def main(argv: list[str] | None = None) -> None:
     args = p.parse_args(argv)
     with args.summary.open(encoding="utf-8") as f:
         rows = list(csv.DictReader(f))
-    if args.joint or args.encoder:
-        print(joint_markdown(rows) if args.joint else encoder_markdown(rows))
+    if args.joint:
+        print(joint_markdown(rows))
+    elif args.encoder:
+        print(encoder_markdown(rows))
     elif args.heads:
         print(heads_markdown(rows))
     else:
