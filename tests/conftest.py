@@ -67,7 +67,7 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     """The recipe files first (a stable sort keeps every other order): they are the longest,
     about 18 worker-minutes together on 2 cores, most of the suite. Under scripts/test.sh's
     workers (--dist loadfile) a file runs whole on one worker, so they should start at once,
-    not last; each worker that runs one builds its own quickstart (session fixtures are per
-    worker)."""
+    not last; each worker that runs one builds its own quickstart (a fixture built once per
+    test run is built once per worker)."""
     rank = {name: i for i, name in enumerate(RECIPE_FILES)}
     items.sort(key=lambda item: rank.get(item.path.name, len(RECIPE_FILES)))
