@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from tests.export_helpers import write_gated
 from tests.helpers import make_corpus, preprocess, train
 from tests.recipe_helpers import SHARED, run_recipe
 
@@ -30,6 +31,12 @@ def stock_checkpoint(tiny_data, tmp_path_factory) -> Path:
     """A stock ``transformer`` trained for a few epochs: the model users start pruning from."""
     save = tmp_path_factory.mktemp("stock")
     return train(tiny_data, save, "--max-epoch", "6", "--criterion", "label_smoothed_cross_entropy")
+
+
+@pytest.fixture(scope="session")
+def gated_checkpoint(stock_checkpoint, tmp_path_factory) -> Path:
+    """The stock model as a gated_transformer with mixed open / fractional / closed gates."""
+    return write_gated(stock_checkpoint, tmp_path_factory.mktemp("gated") / "gated.pt")
 
 
 @pytest.fixture(scope="session")

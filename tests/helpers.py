@@ -89,6 +89,18 @@ def load_state(path: Path) -> dict:
     return torch.load(path, map_location="cpu", weights_only=False)
 
 
+def load_model(path: Path, data: Path) -> tuple:
+    """The model (in eval mode) and task that fairseq's own loader builds from a checkpoint."""
+    from fairseq import checkpoint_utils
+
+    import fairseq_headprune  # noqa: F401  registers the plugin, as --user-dir does
+
+    (model,), _, task = checkpoint_utils.load_model_ensemble_and_task(
+        [str(path)], arg_overrides={"data": str(data)}
+    )
+    return model.eval(), task
+
+
 def build_model(arch: str = "gated_transformer", *extra: str, vocab: int = 20):
     """A tiny fairseq model built through fairseq's own parser, task and arch registry."""
     from fairseq import options

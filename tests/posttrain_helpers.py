@@ -1,20 +1,12 @@
-"""Helpers of the post-training pruning tests (test_posttrain, test_refit): loading a
-checkpoint, running ``fairseq-headprune prune``, layer outputs and logits compared."""
+"""Helpers of the post-training pruning tests (test_posttrain, test_refit): running
+``fairseq-headprune prune``, layer outputs and logits compared."""
 
 import torch
-from fairseq import checkpoint_utils
 
 from fairseq_headprune.posttrain.fisher import calibration_batches
 from fairseq_headprune.posttrain.masks import Masks
 from fairseq_headprune.sites import module_prefix
 from tests.helpers import cli
-
-
-def load_model(path, data):
-    (model,), _, task = checkpoint_utils.load_model_ensemble_and_task(
-        [str(path)], arg_overrides={"data": str(data)}
-    )
-    return model.eval(), task
 
 
 def prune(data, ckpt, out, *args):

@@ -9,7 +9,16 @@ import pytest
 import torch
 
 from fairseq_headprune.gated_attention import head_gates
-from tests.helpers import REPO, TINY_ARCH, TRAIN_COMMON, USER_DIR, cli, load_state, train
+from tests.helpers import (
+    REPO,
+    TINY_ARCH,
+    TRAIN_COMMON,
+    USER_DIR,
+    cli,
+    load_model,
+    load_state,
+    train,
+)
 
 PRUNE = [
     "--criterion", "label_smoothed_cross_entropy_l0", "--label-smoothing", "0.1",
@@ -88,13 +97,7 @@ def _valid_nll(model, task):
 
 
 def test_stock_checkpoint_in_gated_model_with_open_gates_has_same_nll(stock_checkpoint, tiny_data):
-    from fairseq import checkpoint_utils
-
-    import fairseq_headprune  # noqa: F401  (what --user-dir does: registers, allows loading)
-
-    (stock,), _, task = checkpoint_utils.load_model_ensemble_and_task(
-        [str(stock_checkpoint)], arg_overrides={"data": str(tiny_data)}
-    )
+    stock, task = load_model(stock_checkpoint, tiny_data)
     state = load_state(stock_checkpoint)
     args = copy.copy(state["cfg"]["model"])
     args._name = args.arch = "gated_transformer"

@@ -1,43 +1,17 @@
 """Physically pruned export: same function as the gated model, fewer parameters, loads in
 the real fairseq-generate and fairseq-train."""
 
-import copy
 import json
 
 import pytest
 import torch
-from fairseq import checkpoint_utils
 
 import fairseq_headprune  # noqa: F401  registers the plugin, as --user-dir does
 from fairseq_headprune.gated_attention import head_gates
 from fairseq_headprune.pruning import NoHeadAttention
 from fairseq_headprune.sites import attention_modules
-from tests.helpers import TINY_ARCH, TRAIN_COMMON, USER_DIR, cli, load_state
-
-# log α per head (saved without --head-gate-lr-scale: θ = log α) → deterministic gate 0,
-# ≈0.53, ≈0.78, 1 (σ(a)·1.2 − 0.1, clipped): decided (0, or kept at ≥ OPEN_GATE = 0.5)
-THETAS = {
-    "enc-self": [[-6.0, 0.1, 1.0, 6.0], [-6.0, -6.0, -6.0, -6.0]],  # layer 1: all closed
-    "dec-self": [[6.0, -6.0, 0.5, 6.0], [6.0, 6.0, 6.0, 6.0]],
-    "dec-enc": [[-6.0, 6.0, -6.0, 0.2], [6.0, -6.0, 6.0, 6.0]],
-}
-PREFIX = {"enc-self": "encoder.layers.{}.self_attn", "dec-self": "decoder.layers.{}.self_attn"}
-PREFIX["dec-enc"] = "decoder.layers.{}.encoder_attn"
-
-
-@pytest.fixture(scope="module")
-def gated_checkpoint(stock_checkpoint, tmp_path_factory):
-    """The stock model as a gated_transformer with mixed open / fractional / closed gates."""
-    state = load_state(stock_checkpoint)
-    args = copy.copy(state["cfg"]["model"])
-    args.arch = args._name = "gated_transformer"
-    state["cfg"]["model"] = args
-    for site, rows in THETAS.items():
-        for i, row in enumerate(rows):
-            state["model"][PREFIX[site].format(i) + ".head_gate.theta"] = torch.tensor(row)
-    path = tmp_path_factory.mktemp("gated") / "gated.pt"
-    torch.save(state, path)
-    return path
+from tests.export_helpers import THETAS, export, logits
+from tests.helpers import TINY_ARCH, TRAIN_COMMON, USER_DIR, cli, load_model, load_state
 
 
 @pytest.fixture(scope="module")
@@ -55,18 +29,6 @@ def gated_pre_norm_checkpoint(gated_checkpoint, tmp_path_factory):
     path = tmp_path_factory.mktemp("gated-pre-norm") / "gated.pt"
     torch.save(state, path)
     return path
-
-
-def _load(path, data):
-    (model,), _, task = checkpoint_utils.load_model_ensemble_and_task(
-        [str(path)], arg_overrides={"data": str(data)}
-    )
-    return model.eval(), task
-
-
-def _logits(model, src, prev):
-    with torch.no_grad():
-        return model(src, torch.full((src.shape[0],), src.shape[1]), prev)[0]
 
 
 def _hypotheses(path, data):
@@ -89,8 +51,8 @@ def test_export_equals_gated_model(norm, request, tiny_data, tmp_path):
     # the gates decided the heads: the fractional ones are folded exactly, no open head removed
     assert "largest change folded into a kept head's gate: 0, largest gate of a removed" in report
     assert report.split("largest gate of a removed head: ")[1].startswith("0\n")
-    gated, task = _load(gated_checkpoint, tiny_data)
-    pruned, _ = _load(out, tiny_data)
+    gated, task = load_model(gated_checkpoint, tiny_data)
+    pruned, _ = load_model(out, tiny_data)
     assert not list(head_gates(pruned))
     assert isinstance(pruned.encoder.layers[1].self_attn, NoHeadAttention)
     assert pruned.encoder.layers[0].normalize_before == (norm == "pre-norm")
@@ -101,7 +63,7 @@ def test_export_equals_gated_model(norm, request, tiny_data, tmp_path):
     torch.manual_seed(0)
     src = torch.randint(d.nspecial, len(d), (5, 9))
     prev = torch.randint(d.nspecial, len(d), (5, 7))
-    assert (_logits(pruned, src, prev) - _logits(gated, src, prev)).abs().max() <= 1e-5
+    assert (logits(pruned, src, prev) - logits(gated, src, prev)).abs().max() <= 1e-5
     # real data
     task.load_dataset("valid")
     batches = task.get_batch_iterator(task.dataset("valid"), max_tokens=400).next_epoch_itr()
@@ -135,8 +97,8 @@ def test_parameter_count_falls_by_the_removed_heads(
 ):
     out = tmp_path / "pruned.pt"
     report = cli("fairseq-headprune", "export", "--path", gated_checkpoint, "--out", out).stdout
-    stock, _ = _load(stock_checkpoint, tiny_data)
-    pruned, _ = _load(out, tiny_data)
+    stock, _ = load_model(stock_checkpoint, tiny_data)
+    pruned, _ = load_model(out, tiny_data)
     # the printed counts are the models' parameters (no gates, no buffers)
     n_stock, n_pruned = (sum(p.numel() for p in m.parameters()) for m in (stock, pruned))
     assert f"parameters: {n_stock:,} -> {n_pruned:,}" in report
@@ -157,8 +119,8 @@ def test_stock_checkpoint_with_mask_equals_masked_model(stock_checkpoint, tiny_d
     out = tmp_path / "masked.pt"
     _export_mask(stock_checkpoint, out, mask)
     assert json.loads((tmp_path / "masked.pt.heads.json").read_text())["enc-self"] == [[0, 3], [1]]
-    pruned, task = _load(out, tiny_data)
-    reference, _ = _load(stock_checkpoint, tiny_data)
+    pruned, task = load_model(out, tiny_data)
+    reference, _ = load_model(stock_checkpoint, tiny_data)
     # the independent reference: the stock model with the masked heads' out_proj columns zeroed
     for site, i, attn in attention_modules(reference):
         if site in mask:
@@ -169,7 +131,7 @@ def test_stock_checkpoint_with_mask_equals_masked_model(stock_checkpoint, tiny_d
     d = task.source_dictionary
     src = torch.randint(d.nspecial, len(d), (3, 8))
     prev = torch.randint(d.nspecial, len(d), (3, 6))
-    assert (_logits(pruned, src, prev) - _logits(reference, src, prev)).abs().max() <= 1e-5
+    assert (logits(pruned, src, prev) - logits(reference, src, prev)).abs().max() <= 1e-5
 
 
 def test_all_heads_pruned_is_a_valid_model_that_trains_further(
@@ -190,13 +152,9 @@ def test_all_heads_pruned_is_a_valid_model_that_trains_further(
     assert not any("q_proj" in k for k in load_state(ckpt)["model"])
 
 
-def _export(*args):
-    return cli("fairseq-headprune", "export", *args, check=False)
-
-
 def test_bad_input(stock_checkpoint, gated_checkpoint, tmp_path):
     out = tmp_path / "x.pt"
-    proc = _export("--path", stock_checkpoint, "--out", out)
+    proc = export("--path", stock_checkpoint, "--out", out)
     assert proc.returncode != 0 and "has no head gates: give a --mask" in proc.stderr
     for mask, message in [
         ({"enc-self": [[True, False]] * 2}, "has 2 entries; the layer has 4 heads"),
@@ -205,96 +163,16 @@ def test_bad_input(stock_checkpoint, gated_checkpoint, tmp_path):
         ({"cross": [[0]]}, "the mask names attention types ['cross']"),
     ]:
         (tmp_path / "m.json").write_text(json.dumps(mask))
-        proc = _export("--path", stock_checkpoint, "--out", out, "--mask", tmp_path / "m.json")
+        proc = export("--path", stock_checkpoint, "--out", out, "--mask", tmp_path / "m.json")
         assert proc.returncode != 0 and message in proc.stderr, proc.stderr
     assert not out.exists()
     out.write_bytes(b"keep me")
-    proc = _export("--path", gated_checkpoint, "--out", out)
+    proc = export("--path", gated_checkpoint, "--out", out)
     assert proc.returncode != 0 and "exists; pass --force" in proc.stderr
     assert out.read_bytes() == b"keep me"
-    _export("--path", gated_checkpoint, "--out", out, "--force")
+    export("--path", gated_checkpoint, "--out", out, "--force")
     assert "model" in load_state(out)
     assert not list(tmp_path.glob("*.tmp"))
-
-
-def _with(gated_checkpoint, path, criterion=None, **thetas):
-    """The gated checkpoint with other gates (``enc0``: encoder layer 0's θ) or a budget."""
-    state = load_state(gated_checkpoint)
-    if criterion:
-        state["cfg"]["criterion"] = dict(state["cfg"]["criterion"] or {}, **criterion)
-    for name, row in thetas.items():
-        state["model"][f"encoder.layers.{name[-1]}.self_attn.head_gate.theta"] = torch.tensor(row)
-    torch.save(state, path)
-    return path
-
-
-def test_export_refuses_gates_that_do_not_decide(gated_checkpoint, tiny_data, tmp_path):
-    # without a budget: a kept head at gate 0.22 (log α −1) is neither removed nor kept
-    half = _with(gated_checkpoint, tmp_path / "half.pt", enc0=[-6.0, -1.0, 1.0, 6.0])
-    proc = _export("--path", half, "--out", tmp_path / "p.pt")
-    assert proc.returncode != 0 and not (tmp_path / "p.pt").exists()
-    assert "the gates do not decide which heads to keep: enc-self 0.1 gate 0.22." in proc.stderr
-    assert "--force-budget" in proc.stderr
-    forced = _export("--path", half, "--out", tmp_path / "p.pt", "--force-budget").stdout
-    assert "largest change folded into a kept head's gate: 0," in forced  # folded as it is
-    # the issue's case: --target-heads 3 and every P(open) within 0.002 (log α ≈ 2)
-    alike = _with(
-        gated_checkpoint, tmp_path / "alike.pt", {"target_heads": "enc-self:3"},
-        enc0=[2.0, 2.01, 2.02, 2.0], enc1=[2.03, 2.0, 2.0, 2.0],
-    )  # fmt: skip
-    proc = _export("--path", alike, "--out", tmp_path / "q.pt")
-    assert proc.returncode != 0 and not (tmp_path / "q.pt").exists()
-    assert "under the run's --target-heads enc-self:3 do not decide" in proc.stderr
-    assert (
-        "P(open) of the kept heads down to 0.943, of the removed heads up to 0.942" in proc.stderr
-    )
-    assert "enc-self 0.0 removed but gate 0.96" in proc.stderr
-
-
-def test_forced_budget_export_equals_the_gated_model_with_the_gates_it_folded(
-    gated_checkpoint, tiny_data, tmp_path
-):
-    """--target-heads enc-self:4 whose deterministic gates keep 3: refused; forced, the top 4
-    by P(open) are kept, a closed head among them opened to 1, and export says so."""
-    path = _with(gated_checkpoint, tmp_path / "budget.pt", {"target_heads": "enc-self:4"})
-    proc = _export("--path", path, "--out", tmp_path / "p.pt")
-    assert proc.returncode != 0 and "enc-self 0.0 kept but gate 0.00" in proc.stderr
-    out = _export("--path", path, "--out", tmp_path / "p.pt", "--force-budget").stdout
-    assert "deterministic gates leave 3 budgeted heads open; keeping the 4" in out
-    assert "largest change folded into a kept head's gate: 1, largest gate of a removed" in out
-    kept = json.loads((tmp_path / "p.pt.heads.json").read_text())
-    # enc-self P(open) is monotone in θ: 6, 1, 0.1 and then one of the -6 heads (the first)
-    assert kept["enc-self"] == [[0, 1, 2, 3], []]
-    assert kept["dec-enc"] == [[1, 3], [0, 2, 3]]  # not budgeted: the open gates decide
-    # the reference: the gated model with the gate export folded (head 0.0 open, θ 6 → 1)
-    gated, task = _load(path, tiny_data)
-    gated.encoder.layers[0].self_attn.head_gate.theta.data[0] = 6.0
-    pruned, _ = _load(tmp_path / "p.pt", tiny_data)
-    d = task.source_dictionary
-    torch.manual_seed(0)
-    src = torch.randint(d.nspecial, len(d), (5, 9))
-    prev = torch.randint(d.nspecial, len(d), (5, 7))
-    assert (_logits(pruned, src, prev) - _logits(gated, src, prev)).abs().max() <= 1e-5
-
-
-@pytest.mark.parametrize("saved", ["absent", "None"])
-def test_a_checkpoint_saved_without_the_gate_scale_keeps_its_gates(
-    saved, gated_checkpoint, tiny_data, tmp_path
-):
-    """Trained when the default scale was 1: its θ is log α, whatever today's default."""
-    state = load_state(gated_checkpoint)
-    if saved == "None":
-        state["cfg"]["model"].head_gate_lr_scale = None
-    assert getattr(state["cfg"]["model"], "head_gate_lr_scale", None) is None
-    path = tmp_path / "old.pt"
-    torch.save(state, path)
-    expected = (torch.sigmoid(torch.tensor(THETAS["enc-self"])) * 1.2 - 0.1).clamp(0, 1)
-    table = json.loads(cli("fairseq-headprune", "gates", path, "--json").stdout)
-    torch.testing.assert_close(torch.tensor(table["sites"]["enc-self"]["gate"]), expected)
-    model, _ = _load(path, tiny_data)  # fairseq's loader (fairseq-generate, --restore-file)
-    gates = [g for site, _, g in head_gates(model) if site == "enc-self"]
-    assert [g.lr_scale for g in gates] == [1.0, 1.0]
-    torch.testing.assert_close(torch.stack([g.deterministic() for g in gates]), expected)
 
 
 def test_export_top_k_by_a_scorer_metric(stock_checkpoint, tiny_data, tmp_path):
@@ -334,13 +212,13 @@ TIED = ("encoder.embed_tokens.weight", "decoder.embed_tokens.weight")
 
 def _fp32_logits(path, data):
     """Logits of the model fairseq loads from ``path``, which must hold fp32 parameters."""
-    model, task = _load(path, data)
+    model, task = load_model(path, data)
     assert all(p.dtype == torch.float32 for p in model.parameters())
     d = task.source_dictionary
     g = torch.Generator().manual_seed(0)
     src = torch.randint(d.nspecial, len(d), (4, 9), generator=g)
     prev = torch.randint(d.nspecial, len(d), (4, 6), generator=g)
-    return _logits(model, src, prev)
+    return logits(model, src, prev)
 
 
 def _float_bytes(sd):

@@ -21,10 +21,9 @@ from fairseq_headprune.posttrain.search import (
 )
 from fairseq_headprune.posttrain.tuning import tune
 from fairseq_headprune.sites import UNIT_SITES
-from tests.helpers import TINY_ARCH, TRAIN_COMMON, USER_DIR, cli, load_state, train
+from tests.helpers import TINY_ARCH, TRAIN_COMMON, USER_DIR, cli, load_model, load_state, train
 from tests.posttrain_helpers import (
     assert_same_logits,
-    load_model,
     prune,
     report_masks,
     unit_output,

@@ -11,10 +11,9 @@ from fairseq_headprune.posttrain.fisher import calibration_batches, fisher
 from fairseq_headprune.posttrain.masks import Masks
 from fairseq_headprune.posttrain.refit import refit, select
 from fairseq_headprune.posttrain.search import search_cost
-from tests.helpers import load_state, train
+from tests.helpers import load_model, load_state, train
 from tests.posttrain_helpers import (
     assert_same_logits,
-    load_model,
     prune,
     refit_errors,
     report_masks,

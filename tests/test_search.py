@@ -20,7 +20,7 @@ from fairseq_headprune.posttrain.search import (
     step_targets,
 )
 from fairseq_headprune.sites import UNIT_SITES
-from tests.posttrain_helpers import load_model
+from tests.helpers import load_model
 
 
 def test_search_respects_the_budget_and_keeps_a_cross_attention_head():
