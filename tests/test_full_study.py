@@ -5,6 +5,7 @@ import gzip
 import json
 import shutil
 import subprocess
+from pathlib import Path
 
 import pytest
 from sacrebleu.metrics import BLEU
@@ -65,6 +66,19 @@ def test_full_study_in_one_command(quickstart_work, raw_dir):
     assert joint_record["setting"] == f"{budget}, phase 2 (seed 1)"
     assert control["setting"] == "λ=0 (joint control), phase 1: 8 epochs"
     assert control_s1["setting"] == "λ=0 (joint control), phase 2 (seed 1)"
+    # phase 2 recorded from the committed phase-1 record (the gated checkpoint gone) reads alike
+    for run, phase2 in ((joint_name, joint_record), ("pruned-joint-l0", control_s1)):
+        again = work / "eval" / f"{run}-again"
+        kept = Path(phase2["checkpoint"]).parents[1] / "pruned.pt.heads.json"
+        subprocess.run(
+            [str(BIN / "python"), "-m", "recipes.study.controls", "record",
+             "--eval-dir", str(again), "--method", "two-phase",
+             "--checkpoint", phase2["checkpoint"], "--kept", str(kept),
+             "--seed", "1", "--phase2-of", str(work / "eval" / run / "model.json")],
+            check=True, capture_output=True, cwd=REPO,
+        )  # fmt: skip
+        assert json.loads((again / "model.json").read_text())["setting"] == phase2["setting"]
+        shutil.rmtree(again)
     # the controls got phase 2's fine-tuning: the same epochs, patience and checkpoint rule
     control_log = (work / "controls" / "random-s1-k2" / "train.log").read_text()
     phase2_log = (work / "prune" / "enc-self-k2" / "phase2-s1" / "train.log").read_text()

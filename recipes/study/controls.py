@@ -27,8 +27,9 @@ Subcommands (each writes JSON that ``fairseq-headprune export --mask`` reads):
   checkpoint, whose random draws it averages apart from those of best checkpoints;
   ``"reference"``: the NAME of the fair reference, e.g. the full model fine-tuned alike;
   ``"run_dir"``: the training run's folder, whose records ``recipes.study.publish`` commits
-  with the evaluation). ``--phase2-of`` the gated run's checkpoint: the setting is that run's,
-  then ``phase 2 (seed S)``.
+  with the evaluation). ``--phase2-of`` the gated run's checkpoint, or its phase-1 record
+  (the ``model.json`` that ``record-gated`` wrote, committed with its evaluation): the setting
+  is that run's, then ``phase 2 (seed S)``.
 - ``record-gated --eval-dir DIR --checkpoint CKPT [--setting TEXT] [--phase1-epochs N]
   [--reference NAME]``: the same for a gated run's last checkpoint (phase 1 of the two-phase
   protocol, or the one-phase model): method, setting, gated types and heads kept from its
@@ -43,6 +44,7 @@ import argparse
 import json
 import math
 import os
+import re
 import sys
 from pathlib import Path
 
@@ -154,11 +156,7 @@ def cmd_record(args: argparse.Namespace) -> None:
         s: [sum(map(len, rows)), totals[s]] for s, rows in record["kept_heads"].items()
     }
     if args.phase2_of:
-        from recipes.study.records import checkpoint_info
-
-        args.setting = (
-            f"{checkpoint_info(Path(args.phase2_of))['setting']}, phase 2 (seed {args.seed})"
-        )
+        args.setting = f"{gated_setting(Path(args.phase2_of))}, phase 2 (seed {args.seed})"
     for key in ("setting", "baseline", "selected", "reference"):
         if getattr(args, key):
             record[key] = getattr(args, key)
@@ -187,6 +185,17 @@ def cmd_record_gated(args: argparse.Namespace) -> None:
     if args.reference:
         record["reference"] = args.reference
     write_json(str(eval_dir / "model.json"), record)
+
+
+def gated_setting(path: Path) -> str:
+    """The setting of the gated run whose structure phase 2 trains, from its checkpoint or from
+    its phase-1 record (``model.json``: the setting without its ``phase 1: N epochs``)."""
+    if path.suffix == ".json":
+        setting = json.loads(path.read_text())["setting"]
+        return re.sub(r"(, )?phase 1: \d+ epochs$", "", setting)
+    from recipes.study.records import checkpoint_info
+
+    return checkpoint_info(path)["setting"]
 
 
 def _phase1(setting: str, epochs: int | None) -> str:
@@ -233,8 +242,8 @@ def main(argv: list[str] | None = None) -> None:
     setting.add_argument("--setting", help="the report table's setting column (default: the seed)")
     setting.add_argument(
         "--phase2-of",
-        help="the gated run's checkpoint whose structure phase 2 trained: its setting, then "
-        "'phase 2 (seed S)'",
+        help="the gated run's checkpoint whose structure phase 2 trained, or its phase-1 "
+        "model.json: its setting, then 'phase 2 (seed S)'",
     )
     p.add_argument("--baseline", help="NAME of the evaluated baseline the model was made from")
     p.add_argument("--reference", help="NAME of the fair reference (default: the baseline)")
