@@ -156,7 +156,8 @@ def cmd_record(args: argparse.Namespace) -> None:
         s: [sum(map(len, rows)), totals[s]] for s, rows in record["kept_heads"].items()
     }
     if args.phase2_of:
-        args.setting = f"{gated_setting(Path(args.phase2_of))}, phase 2 (seed {args.seed})"
+        phase2 = f"phase 2 (seed {args.seed})"
+        args.setting = ", ".join(filter(None, (gated_setting(Path(args.phase2_of)), phase2)))
     for key in ("setting", "baseline", "selected", "reference"):
         if getattr(args, key):
             record[key] = getattr(args, key)
