@@ -19,13 +19,14 @@ PREFIX = {"enc-self": "encoder.layers.{}.self_attn", "dec-self": "decoder.layers
 PREFIX["dec-enc"] = "decoder.layers.{}.encoder_attn"
 
 
-def write_gated(stock_checkpoint: Path, path: Path) -> Path:
-    """The stock model as a gated_transformer with the gates of ``THETAS``, saved to ``path``."""
+def write_gated(stock_checkpoint: Path, path: Path, thetas: dict = THETAS) -> Path:
+    """The stock model as a gated_transformer whose gates have ``thetas`` (a row of θ per layer
+    of each attention type), saved to ``path``."""
     state = load_state(stock_checkpoint)
     args = copy.copy(state["cfg"]["model"])
     args.arch = args._name = "gated_transformer"
     state["cfg"]["model"] = args
-    for site, rows in THETAS.items():
+    for site, rows in thetas.items():
         for i, row in enumerate(rows):
             state["model"][PREFIX[site].format(i) + ".head_gate.theta"] = torch.tensor(row)
     torch.save(state, path)

@@ -195,10 +195,9 @@ def test_export_top_k_by_a_scorer_metric(stock_checkpoint, tiny_data, tmp_path):
             assert {(r["layer"], r["head"]) for r in best} == {
                 (i, h) for i, row in enumerate(kept["enc-self"]) for h in row
             }
-    proc = cli(
-        "fairseq-headprune", "export", "--path", stock_checkpoint, "--out", tmp_path / "x.pt",
+    proc = export(
+        "--path", stock_checkpoint, "--out", tmp_path / "x.pt",
         "--scores", tmp_path / "scores" / "heads.json", "--metric", "nope", "--top-k", "3",
-        check=False,
     )  # fmt: skip
     assert proc.returncode != 0 and "has no metric 'nope'" in proc.stderr
 

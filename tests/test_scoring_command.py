@@ -2,16 +2,15 @@
 
 from __future__ import annotations
 
-import copy
 import json
 from pathlib import Path
 
 import pytest
-import torch
 
 from fairseq_headprune.scoring.command import report_sites
 from fairseq_headprune.scoring.outputs import SCHEMA_PATH, validate
-from tests.helpers import TRAIN_COMMON, USER_DIR, cli, load_state
+from tests.export_helpers import write_gated
+from tests.helpers import TRAIN_COMMON, USER_DIR, cli
 
 RELS = ("nsubj", "obj", "amod", "advmod")
 
@@ -111,20 +110,14 @@ def test_exported_model_scores_like_the_gated_model_it_came_from(
     stock_checkpoint, tiny_data, tmp_path
 ):
     """Removed heads keep their (layer, head) place: gate 0, no attention statistics."""
-    state = load_state(stock_checkpoint)
-    args = copy.copy(state["cfg"]["model"])
-    args.arch = args._name = "gated_transformer"
-    state["cfg"]["model"] = args
-    closed = {("encoder.layers.{}.self_attn", 0): [1, 2], ("encoder.layers.{}.self_attn", 1): [],
-              ("decoder.layers.{}.encoder_attn", 1): [0, 1, 2, 3]}  # fmt: skip
-    for prefix in ("encoder.layers.{}.self_attn", "decoder.layers.{}.self_attn",
-                   "decoder.layers.{}.encoder_attn"):  # fmt: skip
-        for layer in range(2):
-            theta = torch.full((4,), 6.0)  # gate exactly 1
-            theta[closed.get((prefix, layer), [])] = -6.0  # exactly 0
-            state["model"][prefix.format(layer) + ".head_gate.theta"] = theta
+    closed = {("enc-self", 0): [1, 2], ("dec-enc", 1): [0, 1, 2, 3]}
+    thetas = {  # θ 6: gate exactly 1; -6: exactly 0
+        site: [[-6.0 if h in closed.get((site, layer), []) else 6.0 for h in range(4)]
+               for layer in range(2)]
+        for site in ("enc-self", "dec-self", "dec-enc")
+    }  # fmt: skip
     gated, exported = tmp_path / "gated.pt", tmp_path / "exported.pt"
-    torch.save(state, gated)
+    write_gated(stock_checkpoint, gated, thetas)
     cli("fairseq-headprune", "export", "--path", gated, "--out", exported)
     metrics = "confidence,entropy,lrp,importance,ablation"
     heads = {}
