@@ -13,13 +13,18 @@
 #                count (random, michel, lrp): K encoder heads, or TYPE:K,... (e.g.
 #                enc-self:10,dec-enc:12). Lets them run before, or beside, the pruning run.
 #   CONTROLS     ["masked refit scratch random michel lrp"; with BUDGET "random michel lrp"]
-#   SEEDS        ["1 2 3"] (random)
+#   SEEDS        ["1 2 3"] (random: the draws)
+#   SEED         the fine-tuning seed of every control [1]
 #   FT_EPOCHS    fine-tuning epochs, = prune.sh's MAX_EPOCH [10] (refit, random, michel, lrp)
 #   CONTROL_CHECKPOINT  the checkpoint of a fine-tuned control (refit, random, michel, lrp)
 #                that is evaluated [best]: best (checkpoint_best.pt, by validation nll), last
 #                (checkpoint_last.pt, the end of the fine-tuning: a pruning run's own rule, as
 #                its best checkpoint can predate the closing of its gates; evaluated as
 #                <name>-last) or both. scratch, like the baseline, is evaluated at its best.
+#   PHASE2_OF    the evaluation NAME of a two-phase run's phase 2 (prune.sh with PHASE2_EPOCHS,
+#                e.g. pruned-k4-s1) whose fine-tuning budget the controls are given (set
+#                FT_EPOCHS, PATIENCE and CONTROL_CHECKPOINT=best as that run had them): their
+#                records' setting is "phase-2 budget" and NAME their fair reference [none]
 #   SCRATCH_EPOCHS  epochs of the from-scratch run [the baseline's: the epochs completed by
 #                the checkpoint_last.pt next to BASELINE, else by BASELINE itself]
 #   SCORE_SENTENCES valid sentences for the LRP and importance scores [2000, i.e. all]
@@ -64,6 +69,7 @@ SCRATCH_EPOCHS="${SCRATCH_EPOCHS:-}"
 SCORE_SENTENCES="${SCORE_SENTENCES:-2000}"
 MICHEL_STEP="${MICHEL_STEP:-0}"
 CONTROL_CHECKPOINT="${CONTROL_CHECKPOINT:-best}"
+PHASE2_OF="${PHASE2_OF:-}"
 case "$CONTROL_CHECKPOINT" in
   best | last) selected=("$CONTROL_CHECKPOINT") ;;
   both) selected=(best last) ;;
@@ -109,8 +115,9 @@ evaluate() {  # NAME METHOD CKPT KEPT_JSON [SEED]; SELECTED=last: a checkpoint_l
   local name="$1" method="$2" ckpt="$3" kept="$4" extra=()
   [[ $# -ge 5 ]] && extra+=(--seed "$5")
   [[ "${SELECTED:-}" == last ]] && extra+=(--selected last)
+  [[ -n "$PHASE2_OF" ]] && extra+=(--phase2-budget-of "$PHASE2_OF")
   study controls record --eval-dir "$WORK_DIR/eval/$name" --method "$method" \
-    --checkpoint "$ckpt" --kept "$kept" "${extra[@]}"
+    --checkpoint "$ckpt" --kept "$kept" --run-dir "$(dirname "$ckpt")" "${extra[@]}"
   bash "$HERE/evaluate.sh" "$name" "$ckpt"
 }
 

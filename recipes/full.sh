@@ -14,7 +14,8 @@
 # fine-tunes the physically smaller model without gates or penalty (recipes/finetune_pruned.sh)
 # for up to PHASE2_EPOCHS epochs, stopping after PATIENCE epochs without a better validation
 # nll, checkpoint by validation nll, once per seed in PHASE2_SEEDS. The controls get exactly
-# that fine-tuning (same epochs, patience, checkpoint rule). Evaluated as <run>-s<seed>
+# that fine-tuning (same epochs, patience, checkpoint rule, the first seed of PHASE2_SEEDS)
+# and are compared with that seed's phase 2 (controls.sh's PHASE2_OF). Evaluated as <run>-s<seed>
 # (phase 2) and <run> (phase 1's last checkpoint: the one-phase model). PHASE2_EPOCHS=0 is
 # the one-phase path (controls then fine-tuned PRUNE_EPOCHS epochs, CONTROL_CHECKPOINT).
 #
@@ -161,9 +162,12 @@ if [[ -n "$CONTROLS" ]]; then
   ft_epochs="$PRUNE_EPOCHS" checkpoint="$CONTROL_CHECKPOINT"
   [[ "$PHASE2_EPOCHS" -gt 0 ]] && ft_epochs="$PHASE2_EPOCHS" checkpoint=best
   for dir in "${encoder_runs[@]}"; do
+    # two-phase: fine-tuned like phase 2 with its first seed, which is their fair reference
+    seed="${PHASE2_SEEDS%% *}" phase2_of=""
+    [[ "$PHASE2_EPOCHS" -gt 0 ]] && phase2_of="pruned-${dir##*/enc-self-}-s$seed"
     PRUNED="$dir/checkpoint_last.pt" CONTROLS="$CONTROLS" FT_EPOCHS="$ft_epochs" \
-      CONTROL_CHECKPOINT="$checkpoint" SCORE_SENTENCES="$SCORE_SENTENCES" \
-      bash "$HERE/controls.sh"
+      CONTROL_CHECKPOINT="$checkpoint" SCORE_SENTENCES="$SCORE_SENTENCES" SEED="$seed" \
+      PHASE2_OF="$phase2_of" bash "$HERE/controls.sh"
   done
 fi
 

@@ -85,6 +85,10 @@ def test_full_study_in_one_command(quickstart_work, raw_dir):
     for setting in ("'max_epoch': 2", "'patience': 1"):
         assert setting in control_log and setting in phase2_log, setting
     assert not (work / "eval" / "random-s1-k2-last").exists()
+    # and are measured against phase 2 with the same fine-tuning seed
+    random_record = json.loads((work / "eval" / "random-s1-k2" / "model.json").read_text())
+    assert random_record["setting"] == "phase-2 budget, seed 1"
+    assert random_record["reference"] == "pruned-k2-s1"
     joint = work / "prune" / "joint-k4-dec-self2-dec-enc3"
     assert (joint / "DONE").exists()
     log = (joint / "train.log").read_text()

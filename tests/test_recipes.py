@@ -214,6 +214,8 @@ def test_baseline_norm_layout(quickstart_work, raw_dir, tmp_path):
         check=True, capture_output=True, cwd=REPO,
     )  # fmt: skip
     other = json.loads((tmp_path / "eval" / "other" / "model.json").read_text())
+    assert record["run_dir"] == "../../controls/scratch-structure3"  # published with it
+    del record["run_dir"]
     assert other == {**record, "setting": "first baseline", "baseline": "first-baseline"}
     # phase 2 of a gated run is named by its seed: refused without one, nothing written
     proc = subprocess.run(
@@ -262,14 +264,17 @@ def test_controls_at_a_head_count_without_a_pruned_run(quickstart_work, raw_dir)
         "controls.sh", work, raw_dir, **settings, BUDGET="enc-self:3", CONTROLS="random", SEEDS="7"
     )
     assert (run / "train.log").read_text() == before
-    # the same run's last checkpoint (a pruning run's rule), evaluated apart: nothing retrained
+    # the same run's last checkpoint (a pruning run's rule), evaluated apart: nothing retrained;
+    # given as the phase-2 budget of a two-phase run, which is its fair reference
     run_recipe("controls.sh", work, raw_dir, **settings, BUDGET="3", CONTROLS="random", SEEDS="7",
-         CONTROL_CHECKPOINT="last")  # fmt: skip
+         CONTROL_CHECKPOINT="last", PHASE2_OF="pruned-k3-s1")  # fmt: skip
     assert (run / "train.log").read_text() == before
     last = work / "eval" / "random-s7-k3-last"
     assert (last / "checkpoint").read_text().strip() == str((run / "checkpoint_last.pt").resolve())
     record = json.loads((last / "model.json").read_text())
     assert (record["method"], record["seed"], record["selected"]) == ("random", 7, "last")
+    assert (record["setting"], record["reference"]) == ("phase-2 budget, seed 7", "pruned-k3-s1")
+    assert (last / record["run_dir"]).resolve() == run.resolve()
     assert record["checkpoint"] == str((run / "checkpoint_last.pt").resolve())
     assert json.loads((last / "test_2016_flickr.json").read_text())["sentences"] > 0
     for extra, message in [

@@ -77,8 +77,9 @@ def test_joint_table_lists_joint_runs_with_their_seed_mean():
 
 def test_encoder_table_lists_two_phase_encoder_runs_against_their_control():
     """tables --encoder: the encoder-only runs of the two-phase protocol (phase 1, whose
-    setting says so, and phase 2 per seed), the λ = 0 control among them; one-phase runs of
-    the same names and joint runs left out; the seeds' mean ± sd."""
+    setting says so, and phase 2 per seed), the λ = 0 control among them, then the controls
+    given the phase-2 budget; one-phase runs of the same names, one-phase controls and joint
+    runs left out; the seeds' and the random draws' mean ± sd."""
 
     def row(model, method, kept, setting, test, delta="", reference=""):
         return summary_row(
@@ -99,13 +100,23 @@ def test_encoder_table_lists_two_phase_encoder_runs_against_their_control():
         row("pruned-k2-s2", "two-phase", (2, 4, 4), "target 2, phase 2 (seed 2)", "29",
             "-2.00", "pruned-l0-s2"),
         row("pruned-joint-k4-s1", "two-phase", (0, 1, 3), "phase 2 (seed 1)", "27"),
-        row("random-s1-k2", "random", (2, 4, 4), "seed 1", "29"),
+        row("random-s1-k2", "random", (2, 4, 4), "seed 1", "29"),  # one-phase control
+        row("random-s2-k2", "random", (2, 4, 4), "phase-2 budget, seed 2", "26", "-4.00",
+            "pruned-k2-s1"),
+        row("lrp-k2", "lrp", (2, 4, 4), "phase-2 budget", "28", "-2.00", "pruned-k2-s1"),
+        row("random-s1-k2-dec-enc2", "random", (2, 4, 2), "phase-2 budget, seed 1", "20"),
+        row("random-s3-k2", "random", (2, 4, 4), "phase-2 budget, seed 3", "27", "-3.00",
+            "pruned-k2-s1"),
     ])  # fmt: skip
     lines = table.splitlines()
     models = [line.split(" | ")[0][2:] for line in lines[2:]]
     assert models == ["pruned-l0", "pruned-l0-s1", "pruned-k2", "pruned-k2-s1", "pruned-k2-s2",
-                      "pruned-k2, 2 seeds"]  # fmt: skip
+                      "lrp-k2", "random-s2-k2", "random-s3-k2", "pruned-k2, 2 seeds",
+                      "random-k2, 2 draws"]  # fmt: skip
     assert "| 2 / 4 / 4 | 38 % |" in lines[4]  # 6 of 16 heads removed
     assert "| -1.00 (0.2) | pruned-l0-s1 |" in lines[5]
+    assert "| -4.00 (0.2) | pruned-k2-s1 |" in lines[8]
     # 30 and 29: mean 29.50, sd 0.71; differences -1 and -2: -1.50 ± 0.71
-    assert "| 29.50 ± 0.71 |" in lines[-1] and "| -1.50 ± 0.71 |" in lines[-1]
+    assert "| 29.50 ± 0.71 |" in lines[-2] and "| -1.50 ± 0.71 |" in lines[-2]
+    # the draws 26 and 27: 26.50 ± 0.71; differences -4 and -3: -3.50 ± 0.71
+    assert "| 26.50 ± 0.71 |" in lines[-1] and "| -3.50 ± 0.71 |" in lines[-1]

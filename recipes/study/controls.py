@@ -20,16 +20,19 @@ Subcommands (each writes JSON that ``fairseq-headprune export --mask`` reads):
   greedy ablation curve.
   The steps (heads removed, mean validation NLL) go to ``MASK`` next to the mask, under
   ``"steps"``.
-- ``record --eval-dir DIR --method M --checkpoint CKPT --kept HEADS_JSON [--seed S]
-  [--setting TEXT | --phase2-of GATED] [--baseline NAME] [--selected last] [--reference NAME]
-  [--run-dir RUN]``: write ``DIR/model.json``, which ``recipes.study.records`` reads (with the
-  kept and total heads per attention type, from CKPT; ``"selected": "last"`` for a run's last
-  checkpoint, whose random draws it averages apart from those of best checkpoints;
-  ``"reference"``: the NAME of the fair reference, e.g. the full model fine-tuned alike;
-  ``"run_dir"``: the training run's folder, whose records ``recipes.study.publish`` commits
-  with the evaluation). ``--phase2-of`` the gated run's checkpoint, or its phase-1 record
-  (the ``model.json`` that ``record-gated`` wrote, committed with its evaluation): the setting
-  is that run's, then ``phase 2 (seed S)``.
+- ``record --eval-dir DIR --method M --checkpoint CKPT --kept HEADS_JSON [--seed S] [--setting
+  TEXT | --phase2-of GATED | --phase2-budget-of NAME] [--baseline NAME] [--selected last]
+  [--reference NAME] [--run-dir RUN]``: write ``DIR/model.json``, which
+  ``recipes.study.records`` reads (with the kept and total heads per attention type, from CKPT;
+  ``"selected": "last"`` for a run's last checkpoint, whose random draws it averages apart from
+  those of best checkpoints; ``"reference"``: the NAME of the fair reference, e.g. the full
+  model fine-tuned alike; ``"run_dir"``: the training run's folder, whose records
+  ``recipes.study.publish`` commits with the evaluation). ``--phase2-of`` the gated run's
+  checkpoint, or its phase-1 record (the ``model.json`` that ``record-gated`` wrote, committed
+  with its evaluation): the setting is that run's, then ``phase 2 (seed S)``.
+  ``--phase2-budget-of`` the evaluation NAME of a two-phase run's phase 2 whose fine-tuning
+  budget a control was given: the setting is ``phase-2 budget`` (with the seed of a random draw)
+  and NAME the fair reference.
 - ``record-gated --eval-dir DIR --checkpoint CKPT [--setting TEXT] [--phase1-epochs N]
   [--reference NAME]``: the same for a gated run's last checkpoint (phase 1 of the two-phase
   protocol, or the one-phase model): method, setting, gated types and heads kept from its
@@ -51,6 +54,7 @@ from pathlib import Path
 from fairseq_headprune.budget import TOTAL, parse_target_heads
 from fairseq_headprune.errors import HeadpruneError
 from fairseq_headprune.sites import ENC_SELF, SITES
+from recipes.study.records import PHASE2_BUDGET
 
 
 def head_totals(checkpoint: str) -> dict[str, int]:
@@ -158,6 +162,10 @@ def cmd_record(args: argparse.Namespace) -> None:
     if args.phase2_of:
         phase2 = f"phase 2 (seed {args.seed})"
         args.setting = ", ".join(filter(None, (gated_setting(Path(args.phase2_of)), phase2)))
+    if args.phase2_budget_of:  # a control fine-tuned like that run's phase 2, compared with it
+        seed = f"seed {args.seed}" if args.seed is not None else ""
+        args.setting = ", ".join(filter(None, (PHASE2_BUDGET, seed)))
+        args.reference = args.reference or args.phase2_budget_of
     for key in ("setting", "baseline", "selected", "reference"):
         if getattr(args, key):
             record[key] = getattr(args, key)
@@ -245,6 +253,12 @@ def main(argv: list[str] | None = None) -> None:
         "--phase2-of",
         help="the gated run's checkpoint whose structure phase 2 trained, or its phase-1 "
         "model.json: its setting, then 'phase 2 (seed S)'",
+    )
+    setting.add_argument(
+        "--phase2-budget-of",
+        metavar="NAME",
+        help="the control was fine-tuned with the phase-2 budget of the two-phase run evaluated "
+        "as NAME: setting 'phase-2 budget', NAME the fair reference",
     )
     p.add_argument("--baseline", help="NAME of the evaluated baseline the model was made from")
     p.add_argument("--reference", help="NAME of the fair reference (default: the baseline)")

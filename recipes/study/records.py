@@ -47,6 +47,8 @@ METHODS = (
 )  # fmt: skip
 PRUNING_METHODS = ("voita", "target-heads")
 CONTROL_METHODS = ("masked", "refit", "scratch", "random", "michel", "lrp")
+# the setting of a control fine-tuned with a two-phase run's phase-2 budget (controls.sh)
+PHASE2_BUDGET = "phase-2 budget"
 
 
 def checkpoint_info(path: Path, kept_heads: dict | None = None) -> dict:

@@ -256,7 +256,8 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument(
         "--encoder",
         action="store_true",
-        help="encoder-only pruning, two-phase protocol, against the encoder-only λ = 0 control",
+        help="encoder-only pruning, two-phase protocol, against the encoder-only λ = 0 control; "
+        "the controls given its phase-2 budget",
     )
     args = p.parse_args(argv)
     with args.summary.open(encoding="utf-8") as f:

@@ -2,14 +2,14 @@
 Multi-Head Self-Attention: Specialized Heads Do the Heavy Lifting, the Rest Can Be Pruned"),
 against their λ = 0 control, from ``results/summary.csv``: joint pruning of all three attention
 types (``python -m recipes.study.tables results/summary.csv --joint``) and encoder-only pruning
-with the two-phase protocol (``--encoder``).
+with the two-phase protocol and its controls (``--encoder``).
 """
 
 from __future__ import annotations
 
 import re
 
-from recipes.study.records import mean_sd
+from recipes.study.records import CONTROL_METHODS, PHASE2_BUDGET, mean_sd
 from recipes.study.summary import HEADS_KEPT, heads_kept
 
 HEADER = (
@@ -27,9 +27,18 @@ def is_joint_run(r: dict) -> bool:
 def is_encoder_two_phase_run(r: dict) -> bool:
     """An encoder-only run of ``recipes/full.sh`` with the two-phase protocol (``pruned-k<K>``
     or ``pruned-l<λ>``, the λ = 0 control among them): its phase 1, whose setting says so, or
-    its phase 2 with one seed. One-phase runs of the same names are left out."""
+    its phase 2 with one seed; or an encoder-only control of ``recipes/controls.sh`` given the
+    phase-2 budget (its setting says so). One-phase runs of the same names are left out."""
+    if is_two_phase_control(r):
+        return "-dec-" not in r["model"]  # a joint budget's tag names the decoder types
     run = r["model"].startswith("pruned-") and not is_joint_run(r)
     return run and (r["method"] == "two-phase" or "phase 1:" in r["setting"])
+
+
+def is_two_phase_control(r: dict) -> bool:
+    """A control of ``recipes/controls.sh`` (random, Michel, LRP, refit, scratch) fine-tuned
+    with a two-phase run's phase-2 budget (``controls record --phase2-budget-of``)."""
+    return r["method"] in CONTROL_METHODS and r["setting"].startswith(PHASE2_BUDGET)
 
 
 def removed(r: dict) -> str:
@@ -45,14 +54,18 @@ def difference(r: dict, split: str) -> str:
 
 
 def seed_means(shown: list[dict]) -> list[str]:
-    """Mean ± sd over the phase-2 seeds of each run that has two or more."""
+    """Mean ± sd over the phase-2 seeds of each run that has two or more, and over the draws
+    of each random control (``random-s<S>-<tag>``, as ``random-<tag>``)."""
     groups: dict[tuple, list[dict]] = {}
     for r in shown:
         run = re.fullmatch(r"(.+)-s\d+", r["model"])
+        draw = re.fullmatch(r"random-s\d+-(.+)", r["model"])
         if r["method"] == "two-phase" and run:
-            groups.setdefault((r["baseline"], run.group(1)), []).append(r)
+            groups.setdefault((r["baseline"], run.group(1), "seeds"), []).append(r)
+        elif r["method"] == "random" and draw:
+            groups.setdefault((r["baseline"], f"random-{draw.group(1)}", "draws"), []).append(r)
     lines = []
-    for (baseline, run), group in sorted(groups.items()):
+    for (baseline, run, what), group in sorted(groups.items()):
         if len(group) < 2:
             continue
         cells = []
@@ -65,7 +78,7 @@ def seed_means(shown: list[dict]) -> list[str]:
             sign = "+" if column.startswith("delta") else ""
             cells.append(f"{m:{sign}.2f} ± {sd:.2f}")
         lines.append(
-            f"| {run}, {len(group)} seeds | mean ± sd | {baseline} | | | {cells[0]} | "
+            f"| {run}, {len(group)} {what} | mean ± sd | {baseline} | | | {cells[0]} | "
             f"{cells[1]} | | | {cells[2]} | {cells[3]} | |"
         )
     return lines
@@ -82,16 +95,18 @@ def joint_markdown(rows: list[dict]) -> str:
 def encoder_markdown(rows: list[dict]) -> str:
     """Every encoder-only run of the two-phase protocol (decoder frozen), as ``joint_markdown``
     shows the joint ones: its fair reference is the encoder-only λ = 0 control, phase by
-    phase and seed by seed."""
+    phase and seed by seed; then the controls given its phase-2 budget, each against the
+    pruned model of the same fine-tuning seed, and the random draws' mean ± sd."""
     return runs_markdown([r for r in rows if is_encoder_two_phase_run(r)])
 
 
 def runs_markdown(shown: list[dict]) -> str:
     """The table of ``joint_markdown`` and ``encoder_markdown`` for the rows ``shown``."""
 
-    def order(r: dict) -> tuple:
+    def order(r: dict) -> tuple:  # per head count: phase 1, phase 2, then the controls
         kept = -sum(int(r[k] or 0) for k in HEADS_KEPT)
-        return r["dataset"], r["baseline"], kept, r["method"] == "two-phase", r["model"]
+        stage = 2 if is_two_phase_control(r) else int(r["method"] == "two-phase")
+        return r["dataset"], r["baseline"], kept, stage, r["model"]
 
     lines = [HEADER, "|---|---|---|---|" + "---:|" * 7 + "---|"]
     for r in sorted(shown, key=order):
