@@ -94,7 +94,7 @@ scores="$WORK_DIR/scores-baseline"
 # Phase 1 (and phase 2) of every pruning run: NAME=DIR (encoder-only ones also get controls).
 [[ "$PHASE2_EPOCHS" -gt 0 ]] || PATIENCE=0  # the one-phase path: as before, all epochs
 export PHASE2_EPOCHS PHASE2_SEEDS PATIENCE  # phase 2 and the controls' fine-tuning alike
-runs=() encoder_runs=()
+runs=() encoder_runs=()  # NAME=DIR of every pruning run, of the encoder-only ones
 pids=()
 prune() {  # NAME DIR [ENV=VALUE ...]: recipes/prune.sh with those settings, JOBS at a time
   local name="$1" dir="$2"; shift 2
@@ -110,11 +110,11 @@ prune() {  # NAME DIR [ENV=VALUE ...]: recipes/prune.sh with those settings, JOB
 }
 for lambda in $LAMBDAS; do
   prune "pruned-l$lambda" "$WORK_DIR/prune/enc-self-l$lambda" LAMBDA="$lambda"
-  [[ "$lambda" == 0 ]] || encoder_runs+=("$WORK_DIR/prune/enc-self-l$lambda")
+  [[ "$lambda" == 0 ]] || encoder_runs+=("${runs[-1]}")
 done
 for k in $TARGETS; do
   prune "pruned-k$k" "$WORK_DIR/prune/enc-self-k$k" TARGET_HEADS="$k"
-  encoder_runs+=("$WORK_DIR/prune/enc-self-k$k")
+  encoder_runs+=("${runs[-1]}")
 done
 for lambda in $JOINT_LAMBDAS; do
   prune "pruned-joint-l$lambda" "$WORK_DIR/prune/joint-l$lambda" LAMBDA="$lambda" \
@@ -161,10 +161,10 @@ done
 if [[ -n "$CONTROLS" ]]; then
   ft_epochs="$PRUNE_EPOCHS" checkpoint="$CONTROL_CHECKPOINT"
   [[ "$PHASE2_EPOCHS" -gt 0 ]] && ft_epochs="$PHASE2_EPOCHS" checkpoint=best
-  for dir in "${encoder_runs[@]}"; do
+  for run in "${encoder_runs[@]}"; do
     # two-phase: fine-tuned like phase 2 with its first seed, which is their fair reference
-    seed="${PHASE2_SEEDS%% *}" phase2_of=""
-    [[ "$PHASE2_EPOCHS" -gt 0 ]] && phase2_of="pruned-${dir##*/enc-self-}-s$seed"
+    name="${run%%=*}" dir="${run#*=}" seed="${PHASE2_SEEDS%% *}" phase2_of=""
+    [[ "$PHASE2_EPOCHS" -gt 0 ]] && phase2_of="$name-s$seed"
     PRUNED="$dir/checkpoint_last.pt" CONTROLS="$CONTROLS" FT_EPOCHS="$ft_epochs" \
       CONTROL_CHECKPOINT="$checkpoint" SCORE_SENTENCES="$SCORE_SENTENCES" SEED="$seed" \
       PHASE2_OF="$phase2_of" bash "$HERE/controls.sh"
