@@ -15,6 +15,12 @@
 # the committed baseline until DEADLINE seconds, then packs what the report needs (eval/
 # hypotheses, BLEU JSONs and records, gate trajectories, kept heads, training logs) into
 # $OUT/study.tgz. A machine starts bare: plan runs that finish within one call.
+# RECIPE=recipes/controls.sh (or any other recipe or script in the working tree) runs that
+# instead, after recipes/prepare.sh with the committed baseline's vocabulary; BASELINE is the
+# committed baseline unless set, e.g. the controls at 4 heads with the phase-2 budget:
+#   RECIPE=recipes/controls.sh BUDGET=4 CONTROLS=random SEEDS="2 3" FT_EPOCHS=30 PATIENCE=3 \
+#     CONTROL_CHECKPOINT=best PHASE2_OF=pruned-k4-s1 SUBSETS="valid test test1 test2" \
+#     bash scripts/device_study.sh
 set -uo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$ROOT"
@@ -67,8 +73,15 @@ chmod +x /tmp/bin/*
 el "fairseq ready: $(python3 -c 'import torch, fairseq; print(torch.__version__, fairseq.__version__, torch.cuda.is_available())' 2>/dev/null)"
 
 export WORK_DIR=/tmp/runs/multi30k RAW_DIR="$ROOT/.devdata/multi30k"
-timeout "$((${DEADLINE:-540} - $(date +%s) + t0))" bash recipes/full.sh > "$OUT/full.log" 2>&1
-el "full.sh rc=$?"
+RECIPE="${RECIPE:-recipes/full.sh}"
+if [[ "$RECIPE" != recipes/full.sh ]]; then  # full.sh prepares the data itself
+  export BASELINE="${BASELINE:-models/multi30k-en-de/baseline.pt}"
+  VOCAB_FROM="$(dirname "$BASELINE")" bash recipes/prepare.sh > "$OUT/prepare.log" 2>&1 ||
+    { tail -5 "$OUT/prepare.log"; exit 1; }
+fi
+log_file="$OUT/$(basename "$RECIPE" .sh).log"
+timeout "$((${DEADLINE:-540} - $(date +%s) + t0))" bash "$RECIPE" > "$log_file" 2>&1
+el "$RECIPE rc=$?"
 (cd "$WORK_DIR" && find eval prune controls report scores-baseline \
   \( -name '*.hyp' -o -name '*.json' -o -name '*.jsonl' -o -name 'checkpoint' -o -name lenpen \
      -o -name 'train.log' -o -name '*.txt' -o -name '*.md' \) 2>/dev/null \
