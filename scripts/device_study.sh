@@ -74,7 +74,7 @@ el "fairseq ready: $(python3 -c 'import torch, fairseq; print(torch.__version__,
 
 export WORK_DIR=/tmp/runs/multi30k RAW_DIR="$ROOT/.devdata/multi30k"
 RECIPE="${RECIPE:-recipes/full.sh}"
-if [[ "$RECIPE" != recipes/full.sh ]]; then  # full.sh prepares the data itself
+if [[ "$(basename "$RECIPE")" != full.sh ]]; then  # full.sh prepares the data itself
   export BASELINE="${BASELINE:-models/multi30k-en-de/baseline.pt}"
   VOCAB_FROM="$(dirname "$BASELINE")" bash recipes/prepare.sh > "$OUT/prepare.log" 2>&1 ||
     { tail -5 "$OUT/prepare.log"; exit 1; }
