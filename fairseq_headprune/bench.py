@@ -25,8 +25,6 @@ from __future__ import annotations
 import argparse
 import json
 import logging
-import multiprocessing
-import resource
 import time
 from argparse import Namespace
 
@@ -34,6 +32,7 @@ import torch
 
 from fairseq_headprune.checkpoint_io import load_model_and_task, load_split
 from fairseq_headprune.macs import predicted_speedups
+from fairseq_headprune.peak_memory import peak_rss
 from fairseq_headprune.sites import attention_modules
 
 logger = logging.getLogger(__name__)
@@ -60,7 +59,8 @@ def make_batches(task, subset: str, items: list[dict], batch_size: int) -> list[
 # ---- timing --------------------------------------------------------------------------------
 
 
-def _time(fn, batches: list[dict]) -> float:
+def time_batches(fn, batches: list[dict]) -> float:
+    """Seconds to run ``fn`` on every batch, under ``torch.inference_mode``."""
     t0 = time.perf_counter()
     with torch.inference_mode():
         for batch in batches:
@@ -94,7 +94,7 @@ def best_of(fns: dict, batches: list[dict], repeats: int) -> dict[str, float]:
     best = {name: float("inf") for name in fns}
     for r in range(repeats):
         for name in fns if r % 2 == 0 else reversed(list(fns)):
-            best[name] = min(best[name], _time(fns[name], batches))
+            best[name] = min(best[name], time_batches(fns[name], batches))
     return best
 
 
@@ -124,44 +124,6 @@ def incremental_state_bytes(model, batch: dict, beam: int, steps: int) -> int:
         for v in buf.values()
         if torch.is_tensor(v)
     )
-
-
-def _vm_hwm() -> int:
-    with open("/proc/self/status") as f:
-        line = next(x for x in f if x.startswith("VmHWM:"))
-    return int(line.split()[1]) * 1024
-
-
-def _peak_rss_child(path: str, data: str, subset: str, n: int, bs: int, beam: int, q) -> None:
-    """Peak RSS from loading the model to the end of translating (imports excluded)."""
-    from fairseq import tasks  # noqa: F401  (the import peak happens before the reset)
-
-    import fairseq_headprune  # noqa: F401
-
-    try:  # reset the high-water mark so that the import peak does not hide the model's
-        with open("/proc/self/clear_refs", "w") as f:
-            f.write("5")
-        peak = _vm_hwm
-    except OSError:
-
-        def peak() -> int:
-            return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
-
-    model, task = load(path, data)
-    items = sentences(task, subset, n)
-    gen = task.build_generator([model], Namespace(beam=beam))
-    _time(lambda b: task.inference_step(gen, [model], b), make_batches(task, subset, items, bs))
-    q.put(peak())
-
-
-def peak_rss(path: str, data: str, subset: str, n: int, bs: int, beam: int) -> int:
-    ctx = multiprocessing.get_context("spawn")
-    q = ctx.Queue()
-    proc = ctx.Process(target=_peak_rss_child, args=(path, data, subset, n, bs, beam, q))
-    proc.start()
-    value = q.get()
-    proc.join()
-    return value
 
 
 def run_bench(args: argparse.Namespace) -> dict:
