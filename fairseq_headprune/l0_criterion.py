@@ -19,24 +19,14 @@ Normalisation (``--l0-penalty-normalization``):
   A λ published for Voita's code is used as is with this choice; it equals ``sum`` with
   λ_sum = λ_voita / (number of gated attention layers).
 
-Exact head budget (``--target-heads K`` or ``TYPE:K,...``, see ``budget``). Instead of a
-fixed λ, the expected number of open heads ŝ = Σ P(open) is driven to K by the Lagrangian
-term λ₁(ŝ − t) + λ₂(ŝ − t)² of Wang et al. 2020 and CoFi (Xia et al. 2022), added as
-``L_budget · sample_size`` like the penalty. t ramps linearly from the number of gated heads
-to K over ``--target-heads-warmup-updates`` (read from ``model.num_updates``, which
-``GatedTransformerModel.set_num_updates`` stores). λ₁, λ₂ (one pair per budget) are
-``nn.Parameter`` s of this criterion, so fairseq's single optimiser trains them and
-checkpoints save and restore them (``criterion`` entry); their gradient is negated
-(``budget.gradient_ascent``) so that the optimiser ascends on them. Under Adam a parameter
-moves about lr per update, so the multiplier is ``--target-heads-lr-scale`` × the stored
-parameter (as log α = lr_scale · θ for the gates). The Lagrangian holds ŝ = K in expectation
-only (it is as happy with 8 heads at P = 3/8 as with 3 heads at 1 and 5 at 0), so after the
-warm-up ``--target-heads-rounding μ`` adds μ · (Σ P(open) outside the current top K − Σ P(open)
-of the top K) (``budget.rounding_term``), which makes the deterministic gates of a finished
-run keep exactly the top K heads. Export refuses a run whose gates do not (a run too short,
-or μ = 0; ``gate_decision``) unless ``--force-budget`` keeps the K heads of highest P(open)
-(``budget.topk_open_mask``). ``--target-heads`` replaces ``--l0-lambda`` (both
-non-zero is an error).
+Exact head budget (``--target-heads K`` or ``TYPE:K,...``): instead of a fixed λ, the
+Lagrangian term of Wang et al. 2020 and CoFi drives the expected number of open heads to a
+target that ramps to K (``budget``, which also explains the rounding term that leaves exactly
+K deterministic gates open; docs/target_heads.md for the flags). It is added as
+``L_budget · sample_size`` like the penalty; its multipliers λ₁, λ₂ are ``nn.Parameter`` s of
+this criterion, so fairseq's single optimiser trains them (ascending, ``budget.gradient_ascent``)
+and checkpoints keep them (``criterion`` entry). ``--target-heads`` replaces ``--l0-lambda``
+(both non-zero is an error).
 
 The logged ``loss`` includes the penalty and the budget term; select checkpoints with
 ``--best-checkpoint-metric nll_loss`` (or BLEU), never ``loss``. With a budget, every
