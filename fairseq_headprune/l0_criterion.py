@@ -21,8 +21,9 @@ Normalisation (``--l0-penalty-normalization``):
 
 Exact head budget (``--target-heads K`` or ``TYPE:K,...``): instead of a fixed λ, the
 Lagrangian term of Wang et al. 2020 and CoFi drives the expected number of open heads to a
-target that ramps to K (``budget``, which also explains the rounding term that leaves exactly
-K deterministic gates open; docs/target_heads.md for the flags). It is added as
+target that ramps to K over ``--target-heads-warmup-updates`` (read from ``model.num_updates``,
+which ``GatedTransformerModel.set_num_updates`` stores; ``budget`` explains the rounding term
+that leaves exactly K deterministic gates open, docs/target_heads.md the flags). It is added as
 ``L_budget · sample_size`` like the penalty; its multipliers λ₁, λ₂ are ``nn.Parameter`` s of
 this criterion, so fairseq's single optimiser trains them (ascending, ``budget.gradient_ascent``)
 and checkpoints keep them (``criterion`` entry). ``--target-heads`` replaces ``--l0-lambda``
