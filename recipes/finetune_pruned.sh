@@ -18,7 +18,9 @@
 #                   >= 1e-6), and no penalty acts on it (stock label_smoothed_cross_entropy): the kept heads
 #                   stay as they are (--head-gate-lr-scale 1: log α moves at most about
 #                   lr per update). 0: --head-gates none, everything trains.
-# Resumable: fairseq-train continues from RUN_DIR/checkpoint_last.pt; skipped when
+# Resumable: fairseq-train continues from RUN_DIR/checkpoint_last.pt one epoch at a time,
+# stopping where an uninterrupted run with PATIENCE would have (fairseq does not keep its
+# patience counter in the checkpoint; recipes/study/epochs_trained.py); skipped when
 # RUN_DIR/DONE exists.
 set -euo pipefail
 HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
@@ -43,17 +45,30 @@ gates=(--head-gates none)
 [[ "$FREEZE_DECODER" == 1 ]] && gates=(--head-gates enc-self --head-gate-init-log-alpha "$GATE_INIT" --head-gate-lr-scale 1 --freeze-decoder)
 # shellcheck disable=SC2207
 model_flags=($(fairseq-headprune flags "$pruned"))
-log "fine-tuning $pruned -> $run ($MAX_EPOCH epochs)"
-# shellcheck disable=SC2086
-fairseq-train "$DATA_BIN" --user-dir "$USER_DIR" \
-  --task translation --source-lang "$SRC" --target-lang "$TGT" \
-  --arch gated_transformer "${model_flags[@]}" "${kept[@]}" "${gates[@]}" \
-  --finetune-from-model "$pruned" \
-  --criterion label_smoothed_cross_entropy --label-smoothing 0.1 \
-  --optimizer adam --adam-betas '(0.9, 0.98)' --clip-norm 1.0 \
-  --lr "$LR" --lr-scheduler fixed --weight-decay 0.0001 \
-  --max-tokens "$MAX_TOKENS" --max-epoch "$MAX_EPOCH" --seed "$SEED" \
-  --save-dir "$run" --no-epoch-checkpoints --best-checkpoint-metric nll_loss \
-  --patience "$PATIENCE" --log-format simple --log-interval 50 $EXTRA_ARGS 2>&1 \
-  | tee -a "$run/train.log"
+train() {  # MAX_EPOCH PATIENCE
+  # shellcheck disable=SC2086
+  fairseq-train "$DATA_BIN" --user-dir "$USER_DIR" \
+    --task translation --source-lang "$SRC" --target-lang "$TGT" \
+    --arch gated_transformer "${model_flags[@]}" "${kept[@]}" "${gates[@]}" \
+    --finetune-from-model "$pruned" \
+    --criterion label_smoothed_cross_entropy --label-smoothing 0.1 \
+    --optimizer adam --adam-betas '(0.9, 0.98)' --clip-norm 1.0 \
+    --lr "$LR" --lr-scheduler fixed --weight-decay 0.0001 \
+    --max-tokens "$MAX_TOKENS" --max-epoch "$1" --seed "$SEED" \
+    --save-dir "$run" --no-epoch-checkpoints --best-checkpoint-metric nll_loss \
+    --patience "$2" --log-format simple --log-interval 50 $EXTRA_ARGS 2>&1 \
+    | tee -a "$run/train.log"
+}
+if [[ ! -f "$run/checkpoint_last.pt" ]]; then
+  log "fine-tuning $pruned -> $run ($MAX_EPOCH epochs)"
+  train "$MAX_EPOCH" "$PATIENCE"
+else  # interrupted: one epoch at a time, the patience rule applied here (epochs_trained.py)
+  while :; do
+    next="$(study epochs_trained --next-epoch "$run" --patience "$PATIENCE" \
+      --max-epoch "$MAX_EPOCH")"
+    [[ "$next" -gt 0 ]] || break
+    log "resuming $run: epoch $next of at most $MAX_EPOCH (patience $PATIENCE)"
+    train "$next" 0
+  done
+fi
 touch "$run/DONE"

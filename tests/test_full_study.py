@@ -5,13 +5,15 @@ import gzip
 import json
 import shutil
 import subprocess
+from functools import partial
 from pathlib import Path
 
 import pytest
+import torch
 from sacrebleu.metrics import BLEU
 
 from tests.helpers import BIN, REPO
-from tests.recipe_helpers import SHARED, run_recipe
+from tests.recipe_helpers import SHARED, recipe, run_recipe
 
 
 def test_full_study_in_one_command(quickstart_work, raw_dir):
@@ -129,6 +131,45 @@ def test_full_study_in_one_command(quickstart_work, raw_dir):
     paired = json.loads((work / "report" / "paired_bootstrap.json").read_text())
     assert paired["against"] == "baseline" and "pruned-k2" in paired["models"]
     assert any(line.startswith(f"| {joint_name} |") for line in closing.splitlines())
+
+
+def test_an_interrupted_fine_tuning_resumes_as_the_uninterrupted_run(quickstart_work, raw_dir):
+    """Phase 2 and the controls' fine-tuning (finetune_pruned.sh) stop by fairseq's
+    --patience, whose counter the checkpoint does not keep: an interrupted run resumes one
+    epoch at a time and ends after the epoch where a run that was never interrupted ends."""
+    work = quickstart_work
+    folder = work / "resume"
+    folder.mkdir()
+    mask = folder / "keep3.json"
+    mask.write_text(json.dumps({"enc-self": [[1], [0, 3]]}))
+    pruned = folder / "pruned.pt"
+    subprocess.run(
+        [str(BIN / "fairseq-headprune"), "export", "--mask", str(mask), "--out", str(pruned),
+         "--path", str(work / "baseline" / "checkpoint_best.pt")],
+        check=True, capture_output=True,
+    )  # fmt: skip
+    finetune = partial(run_recipe, "finetune_pruned.sh", work, raw_dir, PATIENCE="2")
+    finetune(str(folder / "whole"), str(pruned), MAX_EPOCH="3")
+    finetune(str(folder / "split"), str(pruned), MAX_EPOCH="1")  # as if stopped after epoch 1
+    (folder / "split" / "DONE").unlink()
+    proc = recipe("finetune_pruned.sh", work, raw_dir, str(folder / "split"), str(pruned),
+                  PATIENCE="2", MAX_EPOCH="3")  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert "epoch 2 of at most 3 (patience 2)" in proc.stderr
+    assert "epoch 3 of at most 3 (patience 2)" in proc.stderr
+    # the same epochs and updates as the uninterrupted run (not bit-identical weights: fairseq
+    # groups the sentences into batches anew when it starts, seeded by the starting epoch)
+    states = [torch.load(folder / run / "checkpoint_last.pt", weights_only=False)
+              for run in ("whole", "split")]  # fmt: skip
+    assert [s["extra_state"]["train_iterator"]["epoch"] for s in states] == [4, 4]
+    updates = [s["optimizer_history"][-1]["num_updates"] for s in states]
+    assert updates[0] == updates[1] > 0
+    # once complete (max epochs or patience), a resumed run trains nothing
+    (folder / "split" / "DONE").unlink()
+    again = recipe("finetune_pruned.sh", work, raw_dir, str(folder / "split"), str(pruned),
+                   PATIENCE="2", MAX_EPOCH="3")  # fmt: skip
+    assert again.returncode == 0 and "resuming" not in again.stderr
+    assert (folder / "split" / "DONE").exists()
 
 
 def test_record_gated_refuses_a_model_without_gates(quickstart_work, tmp_path):

@@ -1,30 +1,81 @@
-"""Print how many epochs a fairseq-train run has completed, read from one of its checkpoints.
+"""Epochs a fairseq-train run has completed, and where an interrupted run resumes.
 
 recipes/controls.sh trains the from-scratch control of Voita et al. 2019 (the pruned
 structure trained with the baseline's recipe) for as many epochs as the baseline it is
 compared with, which is where that baseline's own run ended (its ``checkpoint_last.pt``).
+
+recipes/finetune_pruned.sh (phase 2 of the two-phase protocol and the controls' fine-tuning)
+stops after ``--patience`` epochs without a better validation nll. fairseq-train keeps that
+counter in memory only (``fairseq_cli.train.should_stop_early``): a resumed run counts again
+from its first validation and can train up to PATIENCE epochs more than an uninterrupted one,
+which would break the equal fine-tuning budget. So an interrupted run resumes one epoch at a
+time and the recipe applies the rule itself (``--next-epoch``), from the run's
+``checkpoint_best.pt``, which fairseq keeps exactly as an uninterrupted run would (the best
+validation score is restored from the checkpoint). The resumed run trains the same epochs and
+updates; its weights are not bit-identical to an uninterrupted run's, as fairseq groups the
+sentences into batches anew when it starts (seeded by the epoch it starts with).
+
+    python -m recipes.study.epochs_trained CHECKPOINT
+    python -m recipes.study.epochs_trained --next-epoch RUN_DIR --patience N --max-epoch M
 """
 
 from __future__ import annotations
 
-import sys
+import argparse
+from pathlib import Path
 
 from fairseq_headprune.checkpoint_io import load_checkpoint
 
 
-def epochs_trained(path: str) -> int:
+def epochs_trained(path: str | Path) -> int:
     """Completed epochs of the run that saved ``path``.
 
     fairseq stores the epoch iterator's position: after the last batch of epoch N, epoch
     N + 1 at iteration 0 (N epochs complete); in the middle of epoch N, epoch N at its
     iteration (N − 1 complete). Both are the stored epoch − 1.
     """
-    state = load_checkpoint(path)
+    state = load_checkpoint(str(path))
     position = (state.get("extra_state") or {}).get("train_iterator")
     if not position:
         raise SystemExit(f"{path}: no training position (not a fairseq-train checkpoint)")
     return int(position["epoch"]) - 1
 
 
+def next_epoch(run_dir: str | Path, patience: int, max_epoch: int) -> int:
+    """The epoch an interrupted run of ``run_dir`` trains next, 0 when it is complete.
+
+    Complete: ``max_epoch`` epochs done, or (``patience`` > 0) the last ``patience`` epochs
+    did not improve on the best one, where fairseq-train stops an uninterrupted run
+    (it stops after epoch e when e − best epoch ≥ patience).
+    """
+    run = Path(run_dir)
+    done = epochs_trained(run / "checkpoint_last.pt")
+    if done >= max_epoch:
+        return 0
+    best = run / "checkpoint_best.pt"
+    if patience > 0 and best.exists() and done - epochs_trained(best) >= patience:
+        return 0
+    return done + 1
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("checkpoint", nargs="?", help="print the epochs it has completed")
+    parser.add_argument(
+        "--next-epoch", metavar="RUN_DIR", help="print the epoch RUN_DIR resumes with (0: done)"
+    )
+    parser.add_argument("--patience", type=int, default=0, help="fairseq-train's --patience")
+    parser.add_argument("--max-epoch", type=int, help="fairseq-train's --max-epoch")
+    args = parser.parse_args(argv)
+    if args.next_epoch:
+        if args.max_epoch is None:
+            parser.error("--next-epoch needs --max-epoch")
+        print(next_epoch(args.next_epoch, args.patience, args.max_epoch))
+    elif args.checkpoint:
+        print(epochs_trained(args.checkpoint))
+    else:
+        parser.error("give a CHECKPOINT or --next-epoch RUN_DIR")
+
+
 if __name__ == "__main__":
-    print(epochs_trained(sys.argv[1]))
+    main()
