@@ -46,7 +46,9 @@ def next_epoch(run_dir: str | Path, patience: int, max_epoch: int) -> int:
 
     Complete: ``max_epoch`` epochs done, or (``patience`` > 0) the last ``patience`` epochs
     did not improve on the best one, where fairseq-train stops an uninterrupted run
-    (it stops after epoch e when e − best epoch ≥ patience).
+    (it stops after epoch e when e − best epoch ≥ patience). The best epoch is that of
+    ``checkpoint_best.pt``; fairseq also saves it on an exact tie, which its patience counts
+    as no better, so only an exactly repeated validation nll could make the two differ.
     """
     run = Path(run_dir)
     done = epochs_trained(run / "checkpoint_last.pt")
