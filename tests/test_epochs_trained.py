@@ -60,7 +60,10 @@ def test_command_line(tmp_path):
     save(tmp_path / "checkpoint_last.pt", 6)
     save(tmp_path / "checkpoint_best.pt", 3)
     command = [str(BIN / "python"), "-m", "recipes.study.epochs_trained"]
-    run = lambda *a: subprocess.run(command + list(a), capture_output=True, text=True, cwd=REPO)  # noqa: E731
+
+    def run(*args: str) -> subprocess.CompletedProcess:
+        return subprocess.run(command + list(args), capture_output=True, text=True, cwd=REPO)
+
     assert run(str(tmp_path / "checkpoint_last.pt")).stdout == "5\n"
     args = ["--next-epoch", str(tmp_path), "--max-epoch", "30"]
     assert run(*args, "--patience", "3").stdout == "0\n"  # epochs 3, 4, 5 after the best, 2
