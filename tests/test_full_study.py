@@ -152,8 +152,9 @@ def test_an_interrupted_fine_tuning_resumes_as_the_uninterrupted_run(quickstart_
     finetune(str(folder / "whole"), str(pruned), MAX_EPOCH="3")
     finetune(str(folder / "split"), str(pruned), MAX_EPOCH="1")  # as if stopped after epoch 1
     (folder / "split" / "DONE").unlink()
-    proc = recipe("finetune_pruned.sh", work, raw_dir, str(folder / "split"), str(pruned),
-                  PATIENCE="2", MAX_EPOCH="3")  # fmt: skip
+    resume = partial(recipe, "finetune_pruned.sh", work, raw_dir, str(folder / "split"),
+                     str(pruned), PATIENCE="2", MAX_EPOCH="3")  # fmt: skip
+    proc = resume()
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert "epoch 2 of at most 3 (patience 2)" in proc.stderr
     assert "epoch 3 of at most 3 (patience 2)" in proc.stderr
@@ -166,8 +167,7 @@ def test_an_interrupted_fine_tuning_resumes_as_the_uninterrupted_run(quickstart_
     assert updates[0] == updates[1] > 0
     # once complete (max epochs or patience), a resumed run trains nothing
     (folder / "split" / "DONE").unlink()
-    again = recipe("finetune_pruned.sh", work, raw_dir, str(folder / "split"), str(pruned),
-                   PATIENCE="2", MAX_EPOCH="3")  # fmt: skip
+    again = resume()
     assert again.returncode == 0 and "resuming" not in again.stderr
     assert (folder / "split" / "DONE").exists()
 

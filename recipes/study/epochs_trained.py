@@ -34,7 +34,7 @@ def epochs_trained(path: str | Path) -> int:
     N + 1 at iteration 0 (N epochs complete); in the middle of epoch N, epoch N at its
     iteration (N − 1 complete). Both are the stored epoch − 1.
     """
-    state = load_checkpoint(str(path))
+    state = load_checkpoint(path)
     position = (state.get("extra_state") or {}).get("train_iterator")
     if not position:
         raise SystemExit(f"{path}: no training position (not a fairseq-train checkpoint)")
