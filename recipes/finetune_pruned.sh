@@ -18,10 +18,9 @@
 #                   >= 1e-6), and no penalty acts on it (stock label_smoothed_cross_entropy): the kept heads
 #                   stay as they are (--head-gate-lr-scale 1: log α moves at most about
 #                   lr per update). 0: --head-gates none, everything trains.
-# Resumable: fairseq-train continues from RUN_DIR/checkpoint_last.pt one epoch at a time,
-# stopping where an uninterrupted run with PATIENCE would have (fairseq does not keep its
-# patience counter in the checkpoint; recipes/study/epochs_trained.py); skipped when
-# RUN_DIR/DONE exists.
+# Resumable: fairseq-train continues from RUN_DIR/checkpoint_last.pt, with PATIENCE one epoch
+# at a time, stopping where an uninterrupted run would have (train_resumable in lib/common.sh);
+# skipped when RUN_DIR/DONE exists.
 set -euo pipefail
 HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 source "$HERE/lib/common.sh"
@@ -59,16 +58,6 @@ train() {  # MAX_EPOCH PATIENCE
     --patience "$2" --log-format simple --log-interval 50 $EXTRA_ARGS 2>&1 \
     | tee -a "$run/train.log"
 }
-if [[ ! -f "$run/checkpoint_last.pt" ]]; then
-  log "fine-tuning $pruned -> $run ($MAX_EPOCH epochs)"
-  train "$MAX_EPOCH" "$PATIENCE"
-else  # interrupted: one epoch at a time, the patience rule applied here (epochs_trained.py)
-  while :; do
-    next="$(study epochs_trained --next-epoch "$run" --patience "$PATIENCE" \
-      --max-epoch "$MAX_EPOCH")"
-    [[ "$next" -gt 0 ]] || break
-    log "resuming $run: epoch $next of at most $MAX_EPOCH (patience $PATIENCE)"
-    train "$next" 0
-  done
-fi
+[[ -f "$run/checkpoint_last.pt" ]] || log "fine-tuning $pruned -> $run ($MAX_EPOCH epochs)"
+train_resumable "$run" "$MAX_EPOCH" "$PATIENCE" train
 touch "$run/DONE"

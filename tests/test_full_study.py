@@ -172,6 +172,30 @@ def test_an_interrupted_fine_tuning_resumes_as_the_uninterrupted_run(quickstart_
     assert (folder / "split" / "DONE").exists()
 
 
+def test_an_interrupted_baseline_with_patience_resumes_one_epoch_at_a_time(
+    quickstart_work, raw_dir, tmp_path
+):
+    """train_baseline.sh's PATIENCE stops the baseline by the same rule: the first call gives
+    fairseq-train --patience, an interrupted run resumes one epoch at a time (--patience 0)
+    until the rule (or MAX_EPOCH) ends it."""
+    for name in ("data-bin", "raw"):
+        (tmp_path / name).symlink_to(quickstart_work / name)
+    train = partial(recipe, "train_baseline.sh", tmp_path, raw_dir, PATIENCE="2")
+    proc = train(MAX_EPOCH="1")  # as if stopped after epoch 1
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    run = tmp_path / "baseline"
+    (run / "DONE").unlink()
+    proc = train(MAX_EPOCH="3")
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert "epoch 2 of at most 3 (patience 2)" in proc.stderr
+    assert "epoch 3 of at most 3 (patience 2)" in proc.stderr
+    log = (run / "train.log").read_text()
+    assert log.count("'patience': 2") == 1 and log.count("'patience': 0") == 2
+    state = torch.load(run / "checkpoint_last.pt", weights_only=False)
+    assert state["extra_state"]["train_iterator"]["epoch"] == 4  # 3 epochs complete
+    assert (run / "DONE").exists()
+
+
 def test_record_gated_refuses_a_model_without_gates(quickstart_work, tmp_path):
     """A phase-1 record reads the heads from a gated run's gates: a stock model is refused
     with one line naming it, and nothing is written."""

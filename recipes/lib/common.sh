@@ -35,6 +35,26 @@ prune_tag() {
   fi
 }
 
+# train_resumable RUN MAX_EPOCH PATIENCE TRAIN_FN: `TRAIN_FN MAX_EPOCH PATIENCE` runs fairseq-train
+# (--save-dir RUN, --max-epoch, --patience) once. A run interrupted before (RUN/checkpoint_last.pt)
+# resumes: with PATIENCE 0 in one call; else one epoch at a time (`TRAIN_FN EPOCH 0`), stopping
+# where an uninterrupted run with PATIENCE would have, since fairseq does not keep its patience
+# counter in the checkpoint (recipes/study/epochs_trained.py).
+train_resumable() {
+  local run="$1" max_epoch="$2" patience="$3" train_fn="$4" next
+  if [[ ! -f "$run/checkpoint_last.pt" || "$patience" -eq 0 ]]; then
+    "$train_fn" "$max_epoch" "$patience"
+    return
+  fi
+  while :; do
+    next="$(study epochs_trained --next-epoch "$run" --patience "$patience" \
+      --max-epoch "$max_epoch")"
+    [[ "$next" -gt 0 ]] || break
+    log "resuming $run: epoch $next of at most $max_epoch (patience $patience)"
+    "$train_fn" "$next" 0
+  done
+}
+
 # Use the repository's virtual environment when fairseq is not on PATH already.
 if ! command -v fairseq-train >/dev/null 2>&1 && [[ -x "$REPO_ROOT/.venv/bin/fairseq-train" ]]; then
   export PATH="$REPO_ROOT/.venv/bin:$PATH"

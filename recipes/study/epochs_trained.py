@@ -5,15 +5,17 @@ structure trained with the baseline's recipe) for as many epochs as the baseline
 compared with, which is where that baseline's own run ended (its ``checkpoint_last.pt``).
 
 recipes/finetune_pruned.sh (phase 2 of the two-phase protocol and the controls' fine-tuning)
-stops after ``--patience`` epochs without a better validation nll. fairseq-train keeps that
-counter in memory only (``fairseq_cli.train.should_stop_early``): a resumed run counts again
-from its first validation and can train up to PATIENCE epochs more than an uninterrupted one,
-which would break the equal fine-tuning budget. So an interrupted run resumes one epoch at a
-time and the recipe applies the rule itself (``--next-epoch``), from the run's
-``checkpoint_best.pt``, which fairseq keeps exactly as an uninterrupted run would (the best
-validation score is restored from the checkpoint). The resumed run trains the same epochs and
-updates; its weights are not bit-identical to an uninterrupted run's, as fairseq groups the
-sentences into batches anew when it starts (seeded by the epoch it starts with).
+and recipes/train_baseline.sh stop after ``--patience`` epochs without a better validation
+nll. fairseq-train keeps that counter in memory only
+(``fairseq_cli.train.should_stop_early``): a resumed run counts again from its first
+validation and can train up to PATIENCE epochs more than an uninterrupted one, which would
+break the equal fine-tuning budget. So an interrupted run resumes one epoch at a time and
+the recipes apply the rule themselves (``--next-epoch``; ``train_resumable`` in
+recipes/lib/common.sh), from the run's ``checkpoint_best.pt``, which fairseq keeps exactly
+as an uninterrupted run would (the best validation score is restored from the checkpoint).
+The resumed run trains the same epochs and updates; its weights are not bit-identical to an
+uninterrupted run's, as fairseq groups the sentences into batches anew when it starts
+(seeded by the epoch it starts with).
 
     python -m recipes.study.epochs_trained CHECKPOINT
     python -m recipes.study.epochs_trained --next-epoch RUN_DIR --patience N --max-epoch M
