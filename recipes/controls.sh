@@ -178,7 +178,7 @@ for control in $CONTROLS; do
           log "from scratch for $SCRATCH_EPOCHS epochs, as many as $BASELINE had trained"
         fi
       fi
-      BASELINE_DIR="$run" MAX_EPOCH="$SCRATCH_EPOCHS" ARCH=gated_transformer NORM=post \
+      BASELINE_DIR="$run" MAX_EPOCH="$SCRATCH_EPOCHS" PATIENCE=0 ARCH=gated_transformer NORM=post \
         ARCH_ARGS="$model_flags --kept-heads $run/kept_heads.json --head-gates none" \
         bash "$HERE/train_baseline.sh"
       evaluate "scratch-$pruned_name" scratch "$run/checkpoint_best.pt" "$run/kept_heads.json"

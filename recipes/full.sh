@@ -72,7 +72,7 @@ JOINT_GATES=enc-self,dec-self,dec-enc
 
 if [[ "$TRAIN_BASELINE" == 1 ]]; then
   bash "$HERE/prepare.sh"
-  MAX_EPOCH="$BASELINE_EPOCHS" bash "$HERE/train_baseline.sh"
+  MAX_EPOCH="$BASELINE_EPOCHS" PATIENCE=0 bash "$HERE/train_baseline.sh"  # not phase 2's
   BASELINE="$WORK_DIR/baseline/checkpoint_best.pt"
 else
   BASELINE="${BASELINE:-$COMMITTED/baseline.pt}"

@@ -27,7 +27,7 @@ name="pruned-$tag"
 
 if [[ "${TRAIN_BASELINE:-0}" == 1 ]]; then
   bash "$HERE/prepare.sh"
-  MAX_EPOCH="$BASELINE_EPOCHS" bash "$HERE/train_baseline.sh"
+  MAX_EPOCH="$BASELINE_EPOCHS" PATIENCE=0 bash "$HERE/train_baseline.sh"
   export BASELINE="$WORK_DIR/baseline/checkpoint_best.pt"
 else
   export BASELINE="$REPO_ROOT/models/multi30k-en-de/baseline.pt"

@@ -188,13 +188,16 @@ def test_baseline_norm_layout(quickstart_work, raw_dir, tmp_path):
          "--path", str(baseline)],
         check=True, capture_output=True,
     )  # fmt: skip
-    # no SCRATCH_EPOCHS: the control trains as many epochs as the baseline's run (1)
+    # no SCRATCH_EPOCHS: the control trains as many epochs as the baseline's run (1); the
+    # fine-tunings' PATIENCE does not stop it early
     proc = recipe("controls.sh", tmp_path, raw_dir, BASELINE=str(baseline),
-                   PRUNED=str(structure), CONTROLS="scratch", SUBSETS="test")  # fmt: skip
+                   PRUNED=str(structure), CONTROLS="scratch", SUBSETS="test",
+                   PATIENCE="1")  # fmt: skip
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "from scratch for 1 epochs, as many as the baseline" in proc.stderr
     scratch_log = (tmp_path / "controls" / "scratch-structure3" / "train.log").read_text()
     assert "| INFO | train | epoch 001 |" in scratch_log and "epoch 002" not in scratch_log
+    assert "'patience': 0" in scratch_log and "'patience': 1" not in scratch_log
     scratch = tmp_path / "controls" / "scratch-structure3" / "checkpoint_best.pt"
     scratch_args = torch.load(scratch, weights_only=False)["cfg"]["model"]
     assert not scratch_args.encoder_normalize_before and not scratch_args.decoder_normalize_before
