@@ -40,20 +40,41 @@ def test_epochs_trained_reads_the_iterator_position(tmp_path):
         epochs_trained(tmp_path / "bare.pt")
 
 
+def write_log(path, losses: list[float]) -> None:
+    """train.log's validation lines as fairseq-train prints them (nll rounded to 3 digits)."""
+    lines = [
+        f"2026-01-01 00:00:00 | INFO | valid | epoch {e:03d} | valid on 'valid' subset | "
+        f"loss {loss + 1.6:.3f} | nll_loss {loss} | ppl 4.9 | num_updates {136 * e}"
+        for e, loss in enumerate(losses, 1)
+    ]
+    path.write_text("\n".join(lines) + "\n")
+
+
 @pytest.mark.parametrize("patience", [0, 1, 2, 3])
 def test_resumed_one_epoch_at_a_time_stops_where_the_uninterrupted_run_does(tmp_path, patience):
-    losses = [3.0, 2.5, 2.4, 2.45, 2.41, 2.39, 2.42, 2.43, 2.44, 2.5, 2.6, 2.7]
+    # epoch 8 ties epoch 6: no improvement for fairseq's patience, a new checkpoint_best.pt
+    losses = [3.0, 2.5, 2.4, 2.45, 2.41, 2.39, 2.42, 2.39, 2.44, 2.5, 2.6, 2.7]
     max_epoch = 11
     stop = uninterrupted_stop(losses, patience, max_epoch)
     assert stop == {0: 11, 1: 4, 2: 5, 3: 9}[patience]  # the losses exercise the rule
     for done in range(1, stop + 1):  # interrupted after epoch `done`, as saved then
-        best_epoch = min(range(1, done + 1), key=lambda e: (losses[e - 1], e))
+        best_epoch = min(range(1, done + 1), key=lambda e: (losses[e - 1], -e))  # ties: later
         save(tmp_path / "checkpoint_last.pt", done + 1)
         save(tmp_path / "checkpoint_best.pt", best_epoch + 1)
+        write_log(tmp_path / "train.log", losses[:done])
         # nothing more to train where the uninterrupted run ended, else the next epoch (the
         # recipe then asks again)
         expected = 0 if done == stop else done + 1
         assert next_epoch(tmp_path, patience, max_epoch) == expected, (patience, done)
+
+
+def test_without_the_log_the_best_checkpoint_gives_the_last_improvement(tmp_path):
+    save(tmp_path / "checkpoint_last.pt", 9)  # 8 epochs done
+    save(tmp_path / "checkpoint_best.pt", 6)  # best after epoch 5
+    assert next_epoch(tmp_path, 3, 30) == 0
+    assert next_epoch(tmp_path, 4, 30) == 9
+    write_log(tmp_path / "train.log", [2.5, 2.4, 2.3])  # a log that lacks epochs 4-8
+    assert next_epoch(tmp_path, 3, 30) == 0
 
 
 def test_command_line(tmp_path):

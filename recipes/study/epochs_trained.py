@@ -11,9 +11,8 @@ nll. fairseq-train keeps that counter in memory only
 validation and can train up to PATIENCE epochs more than an uninterrupted one, which would
 break the equal fine-tuning budget. So an interrupted run resumes one epoch at a time and
 the recipes apply the rule themselves (``--next-epoch``; ``train_resumable`` in
-recipes/lib/common.sh), from the run's ``checkpoint_best.pt``, which fairseq keeps exactly
-as an uninterrupted run would (the best validation score is restored from the checkpoint).
-The resumed run trains the same epochs and updates; its weights are not bit-identical to an
+recipes/lib/common.sh), on the validation nll per epoch in the run's ``train.log``. The
+resumed run trains the same epochs and updates; its weights are not bit-identical to an
 uninterrupted run's, as fairseq groups the sentences into batches anew when it starts
 (seeded by the epoch it starts with).
 
@@ -27,6 +26,7 @@ import argparse
 from pathlib import Path
 
 from fairseq_headprune.checkpoint_io import load_checkpoint
+from recipes.study.training import validation_curve
 
 
 def epochs_trained(path: str | Path) -> int:
@@ -47,19 +47,32 @@ def next_epoch(run_dir: str | Path, patience: int, max_epoch: int) -> int:
     """The epoch an interrupted run of ``run_dir`` trains next, 0 when it is complete.
 
     Complete: ``max_epoch`` epochs done, or (``patience`` > 0) the last ``patience`` epochs
-    did not improve on the best one, where fairseq-train stops an uninterrupted run
-    (it stops after epoch e when e − best epoch ≥ patience). The best epoch is that of
-    ``checkpoint_best.pt``; fairseq also saves it on an exact tie, which its patience counts
-    as no better, so only an exactly repeated validation nll could make the two differ.
+    did not improve on the best one, where fairseq-train stops an uninterrupted run (it
+    stops after epoch e when e − the last improving epoch ≥ patience; see
+    ``last_improvement``).
     """
     run = Path(run_dir)
     done = epochs_trained(run / "checkpoint_last.pt")
     if done >= max_epoch:
         return 0
-    best = run / "checkpoint_best.pt"
-    if patience > 0 and best.exists() and done - epochs_trained(best) >= patience:
+    if patience > 0 and done - last_improvement(run, done) >= patience:
         return 0
     return done + 1
+
+
+def last_improvement(run: Path, done: int) -> int:
+    """The last of the first ``done`` epochs whose validation nll was lower than every earlier
+    one's: the first epoch with the lowest nll. fairseq's patience counts an equal nll as no
+    better (``<``), on the nll rounded to 3 digits as ``train.log`` prints it, so ties are not
+    rare; ``checkpoint_best.pt`` is saved on a tie too (``<=``) and can be a later epoch. From
+    ``run/train.log`` (the last line of an epoch the log repeats); where the log lacks an
+    epoch, the epoch of ``checkpoint_best.pt``."""
+    log = run / "train.log"
+    curve = [c for c in validation_curve(log) if c[0] <= done] if log.is_file() else []
+    if [c[0] for c in curve] == list(range(1, done + 1)):
+        return min(curve, key=lambda c: (c[2], c[0]))[0]
+    best = run / "checkpoint_best.pt"
+    return epochs_trained(best) if best.exists() else done
 
 
 def main(argv: list[str] | None = None) -> None:
