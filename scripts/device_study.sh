@@ -18,8 +18,8 @@
 # RECIPE=recipes/controls.sh (or any other recipe or script in the working tree) runs that
 # instead, after recipes/prepare.sh with the committed baseline's vocabulary; BASELINE is the
 # committed baseline unless set, e.g. the 10-head controls without a committed evaluation
-# (LRP order and random draw 1 have one) with the phase-2 budget:
-#   RECIPE=recipes/controls.sh BUDGET=10 CONTROLS="random michel" SEEDS="2 3" \
+# (LRP order, Michel et al. and random draw 1 have one) with the phase-2 budget:
+#   RECIPE=recipes/controls.sh BUDGET=10 CONTROLS=random SEEDS="2 3" \
 #     FT_EPOCHS=30 PATIENCE=3 CONTROL_CHECKPOINT=best PHASE2_OF=pruned-k10-s1 \
 #     SUBSETS="valid test test1 test2" bash scripts/device_study.sh
 set -uo pipefail
