@@ -118,3 +118,11 @@ def build_model(arch: str = "gated_transformer", *extra: str, vocab: int = 20):
     args = options.parse_args_and_arch(parser, argv)
     task = TranslationTask(args, d, d)
     return task.build_model(args), d
+
+
+def valid_log_line(epoch: int, nll: float, updates: int) -> str:
+    """A validation line of ``train.log`` as fairseq-train prints it (nll rounded to 3 digits)."""
+    return (
+        f"2026-01-01 00:00:00 | INFO | valid | epoch {epoch:03d} | valid on 'valid' subset | "
+        f"loss {nll + 1.6:.3f} | nll_loss {nll} | ppl 4.9 | num_updates {updates}"
+    )

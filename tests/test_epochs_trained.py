@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from recipes.study.epochs_trained import epochs_trained, next_epoch
-from tests.helpers import BIN, REPO
+from tests.helpers import BIN, REPO, valid_log_line
 
 
 def save(path, epoch: int, iteration: int = 0) -> None:
@@ -41,12 +41,8 @@ def test_epochs_trained_reads_the_iterator_position(tmp_path):
 
 
 def write_log(path, losses: list[float]) -> None:
-    """train.log's validation lines as fairseq-train prints them (nll rounded to 3 digits)."""
-    lines = [
-        f"2026-01-01 00:00:00 | INFO | valid | epoch {e:03d} | valid on 'valid' subset | "
-        f"loss {loss + 1.6:.3f} | nll_loss {loss} | ppl 4.9 | num_updates {136 * e}"
-        for e, loss in enumerate(losses, 1)
-    ]
+    """train.log's validation lines, 136 updates an epoch."""
+    lines = [valid_log_line(e, loss, 136 * e) for e, loss in enumerate(losses, 1)]
     path.write_text("\n".join(lines) + "\n")
 
 

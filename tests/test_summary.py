@@ -15,7 +15,7 @@ from sacrebleu.metrics import BLEU
 
 from recipes.study import summary
 from recipes.study.significance import format_p
-from tests.helpers import REPO
+from tests.helpers import REPO, valid_log_line
 from tests.recipe_helpers import SHARED
 
 WORDS = "ein hund rennt über die grüne wiese am see neben zwei kindern".split()
@@ -242,14 +242,13 @@ def test_publish_keeps_a_phase2_runs_validation_curve_under_its_pruning_run(tmp_
     run = tmp_path / "prune" / "joint-k3" / "phase2-s2"
     run.mkdir(parents=True)
     (run.parent / "pruned.pt.heads.json").write_text("{}")
-    valid = "2026-12-04 18:34:16 | INFO | valid | epoch {:03d} | valid on 'valid' subset | "
     saved = "2026-12-04 18:34:16 | INFO | x | Saved checkpoint {}/checkpoint_best.pt (epoch {} @"
-    nll = [2.5, 2.3, 2.3, 2.4]  # the best is epoch 2: fairseq saved no new best at the tie
+    # the log saved checkpoint_best.pt last at epoch 2, as a run whose --best-checkpoint-metric
+    # is not nll_loss may: that epoch is the best, not the later one with the same nll
+    nll = [2.5, 2.3, 2.3, 2.4]
     lines = []
     for epoch, value in enumerate(nll, 1):
-        lines.append(
-            valid.format(epoch) + f"loss 4.0 | nll_loss {value} | num_updates {epoch * 10}"
-        )
+        lines.append(valid_log_line(epoch, value, epoch * 10))
         if epoch <= 2:
             lines.append(saved.format(run, epoch))
     (run / "train.log").write_text("\n".join(lines) + "\n")
