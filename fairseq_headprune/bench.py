@@ -259,8 +259,8 @@ def format_report(r: dict) -> str:
     return "\n".join(lines)
 
 
-def add_bench_parser(sub) -> None:
-    p = sub.add_parser("bench", help="speed and memory of a full vs a pruned checkpoint")
+def add_bench_arguments(p: argparse.ArgumentParser) -> None:
+    """The arguments of ``fairseq-headprune bench``."""
     p.add_argument("data", help="fairseq data-bin of the models")
     p.add_argument("--full", required=True, help="the unpruned checkpoint")
     p.add_argument("--pruned", required=True, help="the exported, pruned checkpoint")

@@ -17,7 +17,7 @@ import torch
 
 from fairseq_headprune.checkpoint_safety import allow_fairseq_checkpoints, load_error
 from fairseq_headprune.errors import HeadpruneError, user_error
-from fairseq_headprune.gated_transformer import gate_defaults
+from fairseq_headprune.gate_flags import gate_defaults
 from fairseq_headprune.hard_concrete import HardConcreteGate
 from fairseq_headprune.sites import DEC_ENC, DEC_SELF, ENC_SELF, GATE_SUFFIX
 

@@ -24,12 +24,12 @@ import argparse
 import collections
 import os
 import re
+import sys
 import typing
 import zipfile
 
 import numpy as np
 import torch
-from fairseq.distributed.utils import _TensorPlaceholder
 from omegaconf import DictConfig, ListConfig
 from omegaconf.base import ContainerMetadata, Metadata
 from omegaconf.nodes import AnyNode, BooleanNode, FloatNode, IntegerNode, StringNode
@@ -56,8 +56,6 @@ FAIRSEQ_CHECKPOINT_GLOBALS: list = [
     list,
     int,
     collections.defaultdict,
-    # fairseq.distributed.utils.broadcast_object sends tensors apart, leaving placeholders
-    _TensorPlaceholder,
     # numpy scalars and their dtypes, in case a meter or metric was saved as one.
     getattr(np, "_core", getattr(np, "core", None)).multiarray.scalar,
     np.dtype,
@@ -65,11 +63,22 @@ FAIRSEQ_CHECKPOINT_GLOBALS: list = [
 ]
 
 
+def checkpoint_globals() -> list:
+    """The classes to allow: :data:`FAIRSEQ_CHECKPOINT_GLOBALS`, and once fairseq is imported
+    the placeholders its ``broadcast_object`` leaves where it sends tensors apart to other
+    ranks (only fairseq itself writes them, so a process without fairseq never needs them)."""
+    if "fairseq" not in sys.modules:
+        return list(FAIRSEQ_CHECKPOINT_GLOBALS)
+    from fairseq.distributed.utils import _TensorPlaceholder
+
+    return [*FAIRSEQ_CHECKPOINT_GLOBALS, _TensorPlaceholder]
+
+
 def allow_fairseq_checkpoints() -> None:
     """Allow-list the classes of fairseq checkpoints for ``torch.load(weights_only=True)``."""
     add = getattr(torch.serialization, "add_safe_globals", None)
     if add is not None:  # torch < 2.4 loads everything anyway
-        add(FAIRSEQ_CHECKPOINT_GLOBALS)
+        add(checkpoint_globals())
 
 
 # torch's WeightsUnpickler names the refused class as "GLOBAL module.Class".

@@ -8,22 +8,23 @@ the Heavy Lifting, the Rest Can Be Pruned", ACL 2019). Subcommands:
 - ``bench DATA --full CKPT --pruned CKPT``: measured vs FLOP-predicted speed-ups, memory.
 - ``prune DATA --path CKPT --budget macs:F --out PRUNED``: post-training pruning of heads and
   FFN neurons (Kwon et al. 2022), no retraining.
+- ``flags CKPT``: the checkpoint's model flags for ``fairseq-train``.
+
+Only the module of the subcommand being run is imported: ``gates``, ``export`` and ``flags``
+read and write checkpoints with torch alone, without importing fairseq (seconds per call).
 """
 
 from __future__ import annotations
 
 import argparse
+import importlib
 import json
 import sys
 
-from fairseq_headprune.bench import add_bench_parser
 from fairseq_headprune.checkpoint_io import gates_from_state, load_checkpoint
 from fairseq_headprune.errors import read_json, show_traceback, user_error
 from fairseq_headprune.export import export_pruned, mask_from_scores
-from fairseq_headprune.flags import add_flags_parser
 from fairseq_headprune.gate_trajectory import gate_summary
-from fairseq_headprune.posttrain.command import add_prune_parser
-from fairseq_headprune.scoring.command import add_score_parser
 from fairseq_headprune.sites import ENC_SELF, parse_sites
 
 
@@ -53,8 +54,8 @@ def cmd_gates(args: argparse.Namespace) -> None:
     print(json.dumps(table, indent=1) if args.json else format_gate_table(table))
 
 
-def add_gates_parser(sub) -> None:
-    p = sub.add_parser("gates", help="show every head's P(open) and deterministic gate")
+def add_gates_arguments(p: argparse.ArgumentParser) -> None:
+    """The arguments of ``fairseq-headprune gates``."""
     p.add_argument("checkpoint", help="a gated_transformer checkpoint")
     p.add_argument("--json", action="store_true", help="print JSON instead of a table")
     p.set_defaults(func=cmd_gates)
@@ -92,8 +93,8 @@ def cmd_export(args: argparse.Namespace) -> None:
     print(f"wrote {report['out']} and {report['out']}.heads.json")
 
 
-def add_export_parser(sub) -> None:
-    p = sub.add_parser("export", help="write a checkpoint with the closed heads removed")
+def add_export_arguments(p: argparse.ArgumentParser) -> None:
+    """The arguments of ``fairseq-headprune export``."""
     p.add_argument("--path", required=True, help="gated_transformer or transformer checkpoint")
     p.add_argument("--out", required=True, help="the pruned checkpoint to write")
     p.add_argument(
@@ -131,21 +132,40 @@ def add_export_parser(sub) -> None:
     p.set_defaults(func=cmd_export)
 
 
-def build_parser() -> argparse.ArgumentParser:
+# Subcommand: its help line and "module:function" adding its arguments (and set_defaults(func)).
+SUBCOMMANDS = {
+    "gates": ("show every head's P(open) and deterministic gate", "cli:add_gates_arguments"),
+    "score": (
+        "per-head relevance, roles and redundancy statistics",
+        "scoring.command:add_score_arguments",
+    ),
+    "export": ("write a checkpoint with the closed heads removed", "cli:add_export_arguments"),
+    "bench": ("speed and memory of a full vs a pruned checkpoint", "bench:add_bench_arguments"),
+    "prune": (
+        "post-training pruning of heads and FFN neurons (Kwon et al. 2022)",
+        "posttrain.command:add_prune_arguments",
+    ),
+    "flags": ("print a checkpoint's model flags for fairseq-train", "flags:add_flags_arguments"),
+}
+
+
+def build_parser(command: str | None = None) -> argparse.ArgumentParser:
+    """The command's parser: every subcommand's arguments, or only ``command``'s (whose module
+    alone is then imported; the others are listed with their help line)."""
     parser = argparse.ArgumentParser(prog="fairseq-headprune", description=__doc__.split("\n")[0])
     sub = parser.add_subparsers(dest="command", required=True)
-    # One function per subcommand, each adding its parser with set_defaults(func=...).
-    add_gates_parser(sub)
-    add_score_parser(sub)
-    add_export_parser(sub)
-    add_bench_parser(sub)
-    add_prune_parser(sub)
-    add_flags_parser(sub)
+    for name, (help_line, target) in SUBCOMMANDS.items():
+        p = sub.add_parser(name, help=help_line)
+        if command in (None, name):
+            module, function = target.split(":")
+            getattr(importlib.import_module(f"fairseq_headprune.{module}"), function)(p)
     return parser
 
 
 def main(argv: list[str] | None = None) -> None:
-    args = build_parser().parse_args(argv)
+    argv = sys.argv[1:] if argv is None else argv
+    command = argv[0] if argv and argv[0] in SUBCOMMANDS else None
+    args = build_parser(command).parse_args(argv)
     try:
         args.func(args)
     except (FileNotFoundError, FileExistsError, ValueError) as e:

@@ -34,7 +34,7 @@ from fairseq_headprune.checkpoint_io import (
     load_checkpoint,
     model_args,
 )
-from fairseq_headprune.gated_transformer import gate_defaults
+from fairseq_headprune.gate_flags import gate_defaults
 from fairseq_headprune.pruning import parse_kept_heads, prune_state_dict
 from fairseq_headprune.sites import (
     DEC_ENC,

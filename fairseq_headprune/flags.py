@@ -40,7 +40,7 @@ def cmd_flags(args: argparse.Namespace) -> None:
     print(" ".join(model_flags(args.checkpoint)))
 
 
-def add_flags_parser(sub) -> None:
-    p = sub.add_parser("flags", help="print a checkpoint's model flags for fairseq-train")
+def add_flags_arguments(p: argparse.ArgumentParser) -> None:
+    """The arguments of ``fairseq-headprune flags``."""
     p.add_argument("checkpoint", help="a transformer or gated_transformer checkpoint")
     p.set_defaults(func=cmd_flags)

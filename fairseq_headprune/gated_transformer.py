@@ -33,13 +33,13 @@ from torch import nn
 from fairseq_headprune import schedule_check
 from fairseq_headprune.checkpoint_fit import check_fit
 from fairseq_headprune.errors import HeadpruneError
+from fairseq_headprune.gate_flags import DEFAULT_SITES, gate_defaults
 from fairseq_headprune.gated_attention import head_gates, install_head_gate
 from fairseq_headprune.hard_concrete import (
     DEFAULT_INIT_LOG_ALPHA,
     DEFAULT_LR_SCALE,
     DEFAULT_STRETCH,
     DEFAULT_TEMPERATURE,
-    LEGACY_LR_SCALE,
     check_gate_hparams,
 )
 from fairseq_headprune.pruning import parse_kept_heads, shrink_to_kept
@@ -48,14 +48,12 @@ from fairseq_headprune.sites import (
     GATE_KEY,
     SITES,
     attention_modules,
-    layer_of,  # noqa: F401  (recipes.study.records reads it here)
     parse_sites,
     site_of,
 )
 
 logger = logging.getLogger(__name__)
 
-DEFAULT_SITES = ",".join(SITES)
 # The task attribute through which build_model tells the criterion the gated heads per type.
 GATED_HEADS_ATTR = "headprune_gated_heads"
 
@@ -227,29 +225,6 @@ def num_updates_of(model: nn.Module) -> int:
     ):
         model = model.module
     return int(getattr(model, "num_updates", 0) or 0)
-
-
-def gate_defaults(args) -> None:
-    """Fill in the gate flags (also for checkpoints saved before a flag existed).
-
-    A new run gets ``--head-gate-lr-scale`` from its parser default (``DEFAULT_LR_SCALE``);
-    a saved config without it was trained at ``LEGACY_LR_SCALE``, the default before.
-    """
-    defaults = {
-        "head_gates": DEFAULT_SITES,
-        "head_gate_temperature": DEFAULT_TEMPERATURE,
-        "head_gate_stretch_low": DEFAULT_STRETCH[0],
-        "head_gate_stretch_high": DEFAULT_STRETCH[1],
-        "head_gate_init_log_alpha": DEFAULT_INIT_LOG_ALPHA,
-        "head_gate_lr_scale": LEGACY_LR_SCALE,
-        "allow_slow_gates": False,
-        "kept_heads": None,
-        "freeze_decoder": False,
-        "train_shared_embeddings": False,
-    }
-    for name, value in defaults.items():
-        if getattr(args, name, None) is None:
-            setattr(args, name, value)
 
 
 @register_model_architecture("gated_transformer", "gated_transformer")

@@ -24,9 +24,9 @@ from __future__ import annotations
 
 import json
 import os
+from typing import TYPE_CHECKING
 
 import torch
-from fairseq.modules import MultiheadAttention
 from torch import Tensor, nn
 
 from fairseq_headprune.errors import HeadpruneError
@@ -37,6 +37,9 @@ from fairseq_headprune.sites import (
     set_attention,
     site_layers,
 )
+
+if TYPE_CHECKING:
+    from fairseq.modules import MultiheadAttention
 
 KeptHeads = dict[str, list[list[int]]]
 PROJECTIONS = ("q_proj", "k_proj", "v_proj")

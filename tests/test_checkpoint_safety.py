@@ -7,7 +7,7 @@ import torch
 from fairseq import checkpoint_utils
 
 import fairseq_headprune  # noqa: F401
-from fairseq_headprune.checkpoint_safety import FAIRSEQ_CHECKPOINT_GLOBALS
+from fairseq_headprune.checkpoint_safety import checkpoint_globals
 
 
 def _globals_in(path) -> set:
@@ -31,7 +31,7 @@ def test_allow_list_covers_saved_and_broadcast_checkpoints(stock_checkpoint, tmp
     broadcast = _globals_in(tmp_path / "b.pt")
     assert "omegaconf.dictconfig.DictConfig" in broadcast
     assert "argparse.Namespace" in saved
-    assert (saved | broadcast) <= _names(FAIRSEQ_CHECKPOINT_GLOBALS)
+    assert (saved | broadcast) <= _names(checkpoint_globals())
     torch.load(stock_checkpoint, weights_only=True)  # safe loading, no error
 
 

@@ -229,10 +229,8 @@ def cmd_prune(args: argparse.Namespace) -> None:
             json.dump(report, f, indent=1)
 
 
-def add_prune_parser(sub) -> None:
-    p = sub.add_parser(
-        "prune", help="post-training pruning of heads and FFN neurons (Kwon et al. 2022)"
-    )
+def add_prune_arguments(p: argparse.ArgumentParser) -> None:
+    """The arguments of ``fairseq-headprune prune``."""
     p.add_argument("data", help="fairseq data-bin of the model (calibration sentences)")
     p.add_argument("--path", required=True, help="an encoder–decoder transformer checkpoint")
     p.add_argument(

@@ -261,8 +261,8 @@ def cmd_score(args: argparse.Namespace) -> None:
     print(f"wrote {out}/heads.json, heads.csv, summary.md and heatmaps")
 
 
-def add_score_parser(sub) -> None:
-    p = sub.add_parser("score", help="per-head relevance, roles and redundancy statistics")
+def add_score_arguments(p: argparse.ArgumentParser) -> None:
+    """The arguments of ``fairseq-headprune score``."""
     p.add_argument("data", help="fairseq-preprocess output folder (binarized data)")
     p.add_argument("--path", required=True, help="a transformer or gated_transformer checkpoint")
     p.add_argument("--subset", default="valid", help="data split to score (default: valid)")

@@ -8,13 +8,9 @@ from __future__ import annotations
 
 import argparse
 import json
-import logging
 from pathlib import Path
 
 from recipes.study.records import checkpoint_info
-
-# fairseq logs a notice about tensorboardX (used by its text-to-speech task) on import
-logging.getLogger("fairseq.tasks.text_to_speech").setLevel(logging.WARNING)
 
 
 def table(eval_dir: Path, split: str, models: list[tuple[str, str]]) -> str:
