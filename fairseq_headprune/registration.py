@@ -57,6 +57,8 @@ class _Tracked(importlib.abc.Loader):
         self._hook.register_when_ready()
 
     def __getattr__(self, name: str):  # get_source, get_filename, … of the real loader
+        if name.startswith("_"):  # not found on this object (e.g. before __init__ ran)
+            raise AttributeError(name)
         return getattr(self._loader, name)
 
 
